@@ -1,0 +1,233 @@
+// Package events defines the envelope every message on the wire carries, and
+// the strict decoder that turns an SQS body back into one.
+//
+// The envelope's EventID is the dedupe key for every consumer: it is assigned
+// once by the producer (it equals the outbox row id) and survives relay
+// resends, visibility-timeout redeliveries and DLQ redrives unchanged, unlike
+// the SQS MessageId. Event ids are UUIDv7, so they are time-ordered: dedupe
+// indexes stay append-mostly and processed_messages can be partitioned by the
+// id's own timestamp.
+package events
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// MaxBodyBytes is the largest body SQS accepts (256 KiB); Decode refuses
+// anything bigger before parsing it.
+const MaxBodyBytes = 256 * 1024
+
+// Event types of this system. Consumers treat any other type as poison.
+const (
+	PaymentSucceeded = "PaymentSucceeded"
+	PaymentRefunded  = "PaymentRefunded"
+	CashbackCredited = "CashbackCredited"
+	CashbackReversed = "CashbackReversed"
+)
+
+// Envelope is the JSON body of every SQS message.
+type Envelope struct {
+	EventID          uuid.UUID       `json:"event_id"`
+	EventType        string          `json:"event_type"`
+	AggregateID      string          `json:"aggregate_id"`
+	AggregateVersion int64           `json:"aggregate_version"`
+	OccurredAt       time.Time       `json:"occurred_at"`
+	Payload          json.RawMessage `json:"payload"`
+}
+
+// New builds an envelope with a fresh UUIDv7 event id and occurred_at = now
+// (UTC, microsecond precision so it survives a PostgreSQL round trip
+// unchanged). payload is marshalled to JSON and must encode as an object.
+func New(eventType, aggregateID string, aggregateVersion int64, payload any) (Envelope, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Envelope{}, fmt.Errorf("events: new event id: %w", err)
+	}
+	raw, err := json.Marshal(payload)
+	if err != nil {
+		return Envelope{}, fmt.Errorf("events: marshal payload: %w", err)
+	}
+	e := Envelope{
+		EventID:          id,
+		EventType:        eventType,
+		AggregateID:      aggregateID,
+		AggregateVersion: aggregateVersion,
+		OccurredAt:       time.Now().UTC().Truncate(time.Microsecond),
+		Payload:          raw,
+	}
+	if err := e.Validate(); err != nil {
+		return Envelope{}, err
+	}
+	return e, nil
+}
+
+// DecodeError says which field of a body was wrong and why. Decode returns
+// it for every malformed input, so callers can park the message with a
+// reason a human can act on.
+type DecodeError struct {
+	Field  string // JSON field name, or "body" for the document as a whole
+	Reason string
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("events: invalid %s: %s", e.Field, e.Reason)
+}
+
+// IsDecodeError reports whether err (or anything it wraps) is a *DecodeError.
+func IsDecodeError(err error) bool {
+	var de *DecodeError
+	return errors.As(err, &de)
+}
+
+// wire mirrors Envelope with every field optional, so that Decode can tell
+// "missing" from "zero" and name the field in its error.
+type wire struct {
+	EventID          *string         `json:"event_id"`
+	EventType        *string         `json:"event_type"`
+	AggregateID      *string         `json:"aggregate_id"`
+	AggregateVersion *int64          `json:"aggregate_version"`
+	OccurredAt       *string         `json:"occurred_at"`
+	Payload          json.RawMessage `json:"payload"`
+}
+
+// Decode parses and validates an SQS body. It rejects, with a *DecodeError
+// naming the field: bodies over MaxBodyBytes, malformed JSON, unknown
+// top-level fields, a missing or non-UUIDv7 event_id, missing event_type or
+// aggregate_id, a negative aggregate_version, an occurred_at that is not
+// RFC 3339, and a payload that is not a JSON object. It does not judge the
+// event type: which types a consumer accepts is the consumer's business.
+func Decode(body []byte) (Envelope, error) {
+	if len(body) > MaxBodyBytes {
+		return Envelope{}, &DecodeError{"body", fmt.Sprintf("%d bytes exceeds the %d byte limit", len(body), MaxBodyBytes)}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var w wire
+	if err := dec.Decode(&w); err != nil {
+		return Envelope{}, wireError(err)
+	}
+	if dec.More() {
+		return Envelope{}, &DecodeError{"body", "trailing data after the JSON object"}
+	}
+	var e Envelope
+	if w.EventID == nil {
+		return Envelope{}, &DecodeError{"event_id", "missing"}
+	}
+	id, err := uuid.Parse(*w.EventID)
+	if err != nil {
+		return Envelope{}, &DecodeError{"event_id", "not a UUID"}
+	}
+	e.EventID = id
+	if w.EventType == nil {
+		return Envelope{}, &DecodeError{"event_type", "missing"}
+	}
+	e.EventType = *w.EventType
+	if w.AggregateID == nil {
+		return Envelope{}, &DecodeError{"aggregate_id", "missing"}
+	}
+	e.AggregateID = *w.AggregateID
+	if w.AggregateVersion == nil {
+		return Envelope{}, &DecodeError{"aggregate_version", "missing"}
+	}
+	e.AggregateVersion = *w.AggregateVersion
+	if w.OccurredAt == nil {
+		return Envelope{}, &DecodeError{"occurred_at", "missing"}
+	}
+	t, err := time.Parse(time.RFC3339Nano, *w.OccurredAt)
+	if err != nil {
+		return Envelope{}, &DecodeError{"occurred_at", "not an RFC 3339 timestamp"}
+	}
+	e.OccurredAt = t.UTC()
+	e.Payload = w.Payload
+	if err := e.Validate(); err != nil {
+		return Envelope{}, err
+	}
+	return e, nil
+}
+
+func wireError(err error) error {
+	var ute *json.UnmarshalTypeError
+	if errors.As(err, &ute) && ute.Field != "" {
+		return &DecodeError{ute.Field, "wrong JSON type " + ute.Value}
+	}
+	msg := err.Error()
+	const unknown = "json: unknown field "
+	if len(msg) > len(unknown) && msg[:len(unknown)] == unknown {
+		return &DecodeError{msg[len(unknown)+1 : len(msg)-1], "unknown top-level field"}
+	}
+	return &DecodeError{"body", "malformed JSON: " + msg}
+}
+
+// Validate checks the invariants Decode enforces; producers call it (New
+// does) so that nothing undecodable is ever written to an outbox.
+func (e Envelope) Validate() error {
+	switch {
+	case e.EventID == uuid.Nil:
+		return &DecodeError{"event_id", "missing"}
+	case e.EventID.Version() != 7:
+		return &DecodeError{"event_id", fmt.Sprintf("must be a UUIDv7, got version %d", e.EventID.Version())}
+	case e.EventType == "":
+		return &DecodeError{"event_type", "empty"}
+	case e.AggregateID == "":
+		return &DecodeError{"aggregate_id", "empty"}
+	case e.AggregateVersion < 0:
+		return &DecodeError{"aggregate_version", "negative"}
+	case e.OccurredAt.IsZero():
+		return &DecodeError{"occurred_at", "missing"}
+	}
+	p := bytes.TrimSpace(e.Payload)
+	if len(p) == 0 || p[0] != '{' || !json.Valid(p) {
+		return &DecodeError{"payload", "must be a JSON object"}
+	}
+	return nil
+}
+
+// Marshal encodes the envelope as the wire body.
+func (e Envelope) Marshal() ([]byte, error) {
+	if err := e.Validate(); err != nil {
+		return nil, err
+	}
+	return json.Marshal(e)
+}
+
+// Hash is a digest of everything in the envelope but its id. Consumers store
+// it beside the dedupe key: a later copy with the same event_id and a
+// different Hash is a conflict (a buggy producer reusing an id), not a
+// duplicate. The payload is compacted first, so re-encoding the same JSON
+// (e.g. through a jsonb column) gives the same Hash.
+func (e Envelope) Hash() []byte {
+	h := sha256.New()
+	var n [8]byte
+	field := func(b []byte) {
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	field([]byte(e.EventType))
+	field([]byte(e.AggregateID))
+	binary.BigEndian.PutUint64(n[:], uint64(e.AggregateVersion))
+	h.Write(n[:])
+	field([]byte(e.OccurredAt.UTC().Format(time.RFC3339Nano)))
+	var compact bytes.Buffer
+	if json.Compact(&compact, e.Payload) != nil {
+		compact.Reset()
+		compact.Write(e.Payload)
+	}
+	field(compact.Bytes())
+	return h.Sum(nil)
+}
+
+// IDTime is the creation time encoded in a UUIDv7 event id (millisecond
+// precision). processed_messages is partitioned by it.
+func IDTime(id uuid.UUID) time.Time {
+	sec, nsec := id.Time().UnixTime()
+	return time.Unix(sec, nsec).UTC()
+}

@@ -1,0 +1,139 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+func validBody(t *testing.T) []byte {
+	t.Helper()
+	e, err := New(PaymentSucceeded, "pay_42", 1, map[string]any{"amount_paise": 120000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestRoundTrip(t *testing.T) {
+	e, err := New(PaymentSucceeded, "pay_42", 1, map[string]any{"amount_paise": 120000, "user_id": "u_17"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.EventID.Version() != 7 {
+		t.Fatalf("event id version = %d, want 7", e.EventID.Version())
+	}
+	b, _ := e.Marshal()
+	got, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.EventID != e.EventID || got.EventType != e.EventType || got.AggregateID != "pay_42" ||
+		got.AggregateVersion != 1 || !got.OccurredAt.Equal(e.OccurredAt) || !bytes.Equal(got.Hash(), e.Hash()) {
+		t.Fatalf("round trip changed the envelope: %+v vs %+v", got, e)
+	}
+	if d := time.Since(IDTime(e.EventID)); d < 0 || d > time.Minute {
+		t.Fatalf("IDTime = %v, want about now", IDTime(e.EventID))
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	var base map[string]any
+	if err := json.Unmarshal(validBody(t), &base); err != nil {
+		t.Fatal(err)
+	}
+	mutate := func(f func(m map[string]any)) []byte {
+		m := map[string]any{}
+		for k, v := range base {
+			m[k] = v
+		}
+		f(m)
+		b, _ := json.Marshal(m)
+		return b
+	}
+	cases := []struct {
+		name  string
+		body  []byte
+		field string
+	}{
+		{"missing event_id", mutate(func(m map[string]any) { delete(m, "event_id") }), "event_id"},
+		{"event_id not a uuid", mutate(func(m map[string]any) { m["event_id"] = "e-91" }), "event_id"},
+		{"event_id v4", mutate(func(m map[string]any) { m["event_id"] = uuid.New().String() }), "event_id"},
+		{"event_id wrong type", mutate(func(m map[string]any) { m["event_id"] = 42 }), "event_id"},
+		{"unknown field", mutate(func(m map[string]any) { m["extra"] = true }), "extra"},
+		{"bad time", mutate(func(m map[string]any) { m["occurred_at"] = "yesterday" }), "occurred_at"},
+		{"date only", mutate(func(m map[string]any) { m["occurred_at"] = "2026-12-02" }), "occurred_at"},
+		{"payload array", mutate(func(m map[string]any) { m["payload"] = []int{1} }), "payload"},
+		{"payload string", mutate(func(m map[string]any) { m["payload"] = "x" }), "payload"},
+		{"payload null", mutate(func(m map[string]any) { m["payload"] = nil }), "payload"},
+		{"missing payload", mutate(func(m map[string]any) { delete(m, "payload") }), "payload"},
+		{"missing type", mutate(func(m map[string]any) { delete(m, "event_type") }), "event_type"},
+		{"empty aggregate", mutate(func(m map[string]any) { m["aggregate_id"] = "" }), "aggregate_id"},
+		{"negative version", mutate(func(m map[string]any) { m["aggregate_version"] = -1 }), "aggregate_version"},
+		{"malformed json", []byte(`{"event_id":`), "body"},
+		{"not an object", []byte(`[1,2]`), "body"},
+		{"trailing data", append(validBody(t), []byte(` {}`)...), "body"},
+		{"too big", mutate(func(m map[string]any) { m["payload"] = map[string]string{"pad": strings.Repeat("x", MaxBodyBytes)} }), "body"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Decode(c.body)
+			var de *DecodeError
+			if !errors.As(err, &de) {
+				t.Fatalf("Decode(%s) error = %v, want *DecodeError", c.body[:min(len(c.body), 80)], err)
+			}
+			if de.Field != c.field {
+				t.Fatalf("field = %q (%v), want %q", de.Field, err, c.field)
+			}
+		})
+	}
+}
+
+func TestHashIgnoresWhitespaceButNotContent(t *testing.T) {
+	e, _ := New(PaymentSucceeded, "pay_42", 1, map[string]any{"amount_paise": 120000})
+	spaced := e
+	spaced.Payload = json.RawMessage(`{ "amount_paise" : 120000 }`)
+	if !bytes.Equal(e.Hash(), spaced.Hash()) {
+		t.Fatal("whitespace changed the hash")
+	}
+	changed := e
+	changed.Payload = json.RawMessage(`{"amount_paise":180000}`)
+	if bytes.Equal(e.Hash(), changed.Hash()) {
+		t.Fatal("a different payload has the same hash")
+	}
+	later := e
+	later.AggregateVersion = 2
+	if bytes.Equal(e.Hash(), later.Hash()) {
+		t.Fatal("a different version has the same hash")
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte(`{"event_id":"0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b","event_type":"X","aggregate_id":"a","aggregate_version":1,"occurred_at":"2026-12-02T10:00:00Z","payload":{}}`))
+	f.Add([]byte(`{}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		e, err := Decode(body)
+		if err != nil {
+			if !IsDecodeError(err) {
+				t.Fatalf("non-typed error %v", err)
+			}
+			return
+		}
+		b, err := e.Marshal()
+		if err != nil {
+			t.Fatalf("decoded envelope does not re-encode: %v", err)
+		}
+		if _, err := Decode(b); err != nil {
+			t.Fatalf("re-encoded envelope does not decode: %v", err)
+		}
+	})
+}
