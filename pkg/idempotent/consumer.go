@@ -1,0 +1,217 @@
+// Package idempotent makes at-least-once delivery apply effects exactly once.
+//
+// A Consumer records each message's key (consumer name, event id) in
+// processed_messages in the SAME transaction as the message's effect:
+//
+//	BEGIN
+//	INSERT INTO processed_messages ... ON CONFLICT DO NOTHING   -- the claim, first
+//	  1 row  -> run the effect in this transaction, COMMIT       -> Applied
+//	  0 rows -> ROLLBACK                                        -> Duplicate (or Conflict)
+//
+// The guarantee, for a message delivered any number of times, by any number
+// of replicas, concurrently or not, within the retention window:
+//   - its effect commits at most once, and exactly once if some delivery's
+//     transaction commits;
+//   - a crash before COMMIT leaves nothing (no key, no effect), so the
+//     redelivery applies it; a crash after COMMIT but before the ack leaves
+//     both, so the redelivery is a Duplicate;
+//   - two concurrent deliveries serialise on the key's unique index: the
+//     second INSERT waits for the first transaction and then inserts 0 rows;
+//   - a copy whose payload differs from the committed one is a Conflict, not
+//     a Duplicate, and is reported;
+//   - a copy older than the window is Expired and refused, since its key may
+//     have been forgotten.
+//
+// The key is the envelope's event_id, never the SQS MessageId, which changes
+// on every redrive. The package also holds the inbox (store first, process
+// later) and the retention maintenance of both tables.
+package idempotent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/effectively-once/payments-cashback/pkg/events"
+)
+
+// Message is what a Consumer needs to know about a delivery: its key, a hash
+// of its content, and when it happened.
+type Message struct {
+	ID         uuid.UUID // the event id: the dedupe key
+	Hash       []byte    // content digest: same ID + other Hash = Conflict
+	OccurredAt time.Time // checked against the retention window
+}
+
+// MessageOf derives the Message of an envelope.
+func MessageOf(e events.Envelope) Message {
+	return Message{ID: e.EventID, Hash: e.Hash(), OccurredAt: e.OccurredAt}
+}
+
+// Effect is the work a message does. It must touch nothing but tx: it can
+// run more than once (a serialization failure retries the transaction; a
+// redelivery after a rollback runs it again), and only what it does through
+// tx is undone when that happens.
+type Effect func(ctx context.Context, tx pgx.Tx) error
+
+// Consumer deduplicates messages for one named consumer. The name scopes
+// the keys: two consumers of the same event each apply it once.
+type Consumer struct {
+	pool       *pgxpool.Pool
+	name       string
+	retention  time.Duration
+	maxRetries uint
+	now        func() time.Time
+	log        *slog.Logger
+	outcomes   metric.Int64Counter
+}
+
+// Option configures a Consumer.
+type Option func(*Consumer)
+
+// WithRetention sets the dedupe window (default DefaultRetention). Keep it
+// equal to the retention the partition maintenance uses.
+func WithRetention(d time.Duration) Option { return func(c *Consumer) { c.retention = d } }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *Consumer) { c.log = l } }
+
+// WithMaxRetries bounds how often a transaction that failed with a
+// serialization error or deadlock is run again (default 5).
+func WithMaxRetries(n uint) Option { return func(c *Consumer) { c.maxRetries = n } }
+
+// NewConsumer returns a Consumer named name (for example "rewards").
+func NewConsumer(pool *pgxpool.Pool, name string, opts ...Option) (*Consumer, error) {
+	if name == "" {
+		return nil, errors.New("idempotent: consumer name is empty")
+	}
+	c := &Consumer{pool: pool, name: name, retention: DefaultRetention, maxRetries: 5, now: time.Now, log: slog.Default()}
+	for _, o := range opts {
+		o(c)
+	}
+	var err error
+	c.outcomes, err = otel.Meter(meterName).Int64Counter("idempotent_messages_total",
+		metric.WithDescription("Messages seen by an idempotent consumer, by outcome (applied, duplicate, conflict, expired, failed)."))
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+const meterName = "github.com/effectively-once/payments-cashback/pkg/idempotent"
+
+// Name is the consumer name that scopes the keys.
+func (c *Consumer) Name() string { return c.name }
+
+// expired reports whether msg is older than the window, judged both by its
+// occurred_at and by the time in its UUIDv7 id (which picks its partition).
+func (c *Consumer) expired(msg Message) bool {
+	horizon := c.now().Add(-c.retention)
+	return msg.OccurredAt.Before(horizon) || (msg.ID.Version() == 7 && events.IDTime(msg.ID).Before(horizon))
+}
+
+// Handle applies effect for msg at most once per consumer, as the package
+// documentation describes. It returns:
+//   - Applied, nil: effect committed together with the key;
+//   - Duplicate, nil: committed before with the same hash; effect not run;
+//   - Conflict, ErrConflict: committed before with another hash; not run;
+//   - Expired, ErrExpired: older than the window; not run;
+//   - Failed, err: effect or database error; everything rolled back.
+//
+// Ack the message exactly when Outcome.Done() is true.
+func (c *Consumer) Handle(ctx context.Context, msg Message, effect Effect) (Outcome, error) {
+	out, err := c.handle(ctx, msg, effect)
+	c.record(ctx, msg, out, err)
+	return out, err
+}
+
+func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outcome, error) {
+	if c.expired(msg) {
+		return Expired, ErrExpired
+	}
+	return c.retry(ctx, func() (Outcome, error) {
+		tx, err := c.pool.Begin(ctx)
+		if err != nil {
+			return Failed, err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+		tag, err := tx.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, payload_hash)
+			VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, c.name, msg.ID, msg.Hash)
+		if err != nil {
+			return Failed, err
+		}
+		if tag.RowsAffected() == 0 {
+			return c.existing(ctx, tx, msg)
+		}
+		if err := effect(ctx, tx); err != nil {
+			return Failed, err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return Failed, err
+		}
+		return Applied, nil
+	})
+}
+
+// existing classifies a key that is already there: same hash or not.
+func (c *Consumer) existing(ctx context.Context, q pgx.Tx, msg Message) (Outcome, error) {
+	var hash []byte
+	err := q.QueryRow(ctx, `SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_id = $2`,
+		c.name, msg.ID).Scan(&hash)
+	if err != nil {
+		return Failed, fmt.Errorf("idempotent: read existing key: %w", err)
+	}
+	if !bytes.Equal(hash, msg.Hash) {
+		return Conflict, ErrConflict
+	}
+	return Duplicate, nil
+}
+
+// retry runs attempt again after serialization failures and deadlocks,
+// with jittered exponential backoff; any other error is final.
+func (c *Consumer) retry(ctx context.Context, attempt func() (Outcome, error)) (Outcome, error) {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 5 * time.Millisecond
+	b.MaxInterval = 200 * time.Millisecond
+	out, err := backoff.Retry(ctx, func() (Outcome, error) {
+		out, err := attempt()
+		if err != nil && !retryable(err) {
+			return out, backoff.Permanent(err)
+		}
+		return out, err
+	}, backoff.WithBackOff(b), backoff.WithMaxTries(c.maxRetries+1), backoff.WithMaxElapsedTime(0))
+	var pe *backoff.PermanentError
+	if errors.As(err, &pe) {
+		err = pe.Unwrap()
+	}
+	if err != nil && (out == 0 || out.Done()) {
+		out = Failed
+	}
+	return out, err
+}
+
+func (c *Consumer) record(ctx context.Context, msg Message, out Outcome, err error) {
+	c.outcomes.Add(ctx, 1, metric.WithAttributes(attribute.String("consumer", c.name), attribute.String("outcome", out.String())))
+	switch out {
+	case Conflict:
+		c.log.ErrorContext(ctx, "event id reused with a different payload: not applied",
+			"consumer", c.name, "event_id", msg.ID)
+	case Expired:
+		c.log.ErrorContext(ctx, "message older than the dedupe window: refused, not applied",
+			"consumer", c.name, "event_id", msg.ID, "occurred_at", msg.OccurredAt, "retention", c.retention)
+	case Failed:
+		c.log.WarnContext(ctx, "effect failed: rolled back, left for redelivery",
+			"consumer", c.name, "event_id", msg.ID, "error", err)
+	}
+}

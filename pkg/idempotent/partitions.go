@@ -1,0 +1,125 @@
+package idempotent
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultRetention is how long a dedupe key is remembered. It must outlast
+// every way a copy can come back: SQS keeps a message at most 14 days (in
+// the source queue, and again in its DLQ from the original enqueue time), so
+// 15 days leaves a day of margin. Copies older than the window are refused,
+// never applied (see ErrExpired).
+const DefaultRetention = 15 * 24 * time.Hour
+
+// DefaultPartitionsAhead is how many future days of partitions exist at any
+// time, so that a maintenance loop that stalls for a while, or a producer
+// whose clock runs ahead, does not make inserts fail.
+const DefaultPartitionsAhead = 3
+
+const day = 24 * time.Hour
+
+// ValidateRetention checks that a dedupe window outlasts the longest time a
+// queue can hand a message back (its MessageRetentionPeriod) plus a margin of
+// one day. A window shorter than that would let a late redelivery be applied
+// a second time.
+func ValidateRetention(retention, queueRetention time.Duration) error {
+	if retention < queueRetention+day {
+		return fmt.Errorf("idempotent: retention %v must exceed the queue retention %v by at least a day", retention, queueRetention)
+	}
+	return nil
+}
+
+// uuidAt is the smallest UUIDv7-ordered value minted at t: the 48-bit
+// millisecond timestamp followed by zeros. It is a partition bound, not an id.
+func uuidAt(t time.Time) uuid.UUID {
+	var u uuid.UUID
+	var ms [8]byte
+	binary.BigEndian.PutUint64(ms[:], uint64(t.UnixMilli()))
+	copy(u[:6], ms[2:])
+	return u
+}
+
+func partitionName(d time.Time) string {
+	return "processed_messages_p" + d.UTC().Format("20060102")
+}
+
+var partitionRE = regexp.MustCompile(`^processed_messages_p(\d{8})$`)
+
+// EnsurePartitions creates the daily partitions of processed_messages from
+// the day the retention window starts to partitionsAhead days after today.
+// Existing partitions are left alone. It returns the names it created.
+func EnsurePartitions(ctx context.Context, pool *pgxpool.Pool, retention time.Duration, partitionsAhead int) ([]string, error) {
+	return ensurePartitionsAt(ctx, pool, time.Now(), retention, partitionsAhead)
+}
+
+func ensurePartitionsAt(ctx context.Context, pool *pgxpool.Pool, now time.Time, retention time.Duration, ahead int) ([]string, error) {
+	first := now.UTC().Add(-retention).Truncate(day)
+	last := now.UTC().Truncate(day).Add(time.Duration(ahead) * day)
+	var created []string
+	for d := first; !d.After(last); d = d.Add(day) {
+		name := partitionName(d)
+		// CREATE TABLE IF NOT EXISTS ... PARTITION OF still errors when
+		// replicas race on the same name, so swallow exactly that.
+		sql := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF processed_messages FOR VALUES FROM ('%s') TO ('%s')`,
+			pgx.Identifier{name}.Sanitize(), uuidAt(d), uuidAt(d.Add(day)))
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			if isDuplicateObject(err) {
+				continue
+			}
+			return created, fmt.Errorf("idempotent: create partition %s: %w", name, err)
+		}
+		created = append(created, name)
+	}
+	return created, nil
+}
+
+// DropExpiredPartitions drops every daily partition of processed_messages
+// whose whole day lies before the retention window. Dropping a partition is
+// instant and leaves no dead tuples, unlike a DELETE of the same rows. It
+// returns the names it dropped.
+func DropExpiredPartitions(ctx context.Context, pool *pgxpool.Pool, retention time.Duration) ([]string, error) {
+	return dropExpiredAt(ctx, pool, time.Now(), retention)
+}
+
+func dropExpiredAt(ctx context.Context, pool *pgxpool.Pool, now time.Time, retention time.Duration) ([]string, error) {
+	rows, err := pool.Query(ctx, `
+		SELECT c.relname FROM pg_inherits i
+		JOIN pg_class c ON c.oid = i.inhrelid
+		JOIN pg_class p ON p.oid = i.inhparent
+		WHERE p.relname = 'processed_messages'`)
+	if err != nil {
+		return nil, err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	horizon := now.UTC().Add(-retention)
+	var dropped []string
+	for _, name := range names {
+		m := partitionRE.FindStringSubmatch(name)
+		if m == nil {
+			continue
+		}
+		d, err := time.Parse("20060102", m[1])
+		if err != nil || d.Add(day).After(horizon) {
+			continue
+		}
+		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+			return dropped, fmt.Errorf("idempotent: drop partition %s: %w", name, err)
+		}
+		dropped = append(dropped, name)
+	}
+	return dropped, nil
+}
+
+func fsSub(f fs.FS, dir string) (fs.FS, error) { return fs.Sub(f, dir) }

@@ -1,0 +1,375 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+)
+
+// Message is one outbox row ready for the wire.
+type Message struct {
+	ID         uuid.UUID         // the event id
+	Body       []byte            // the JSON envelope
+	Attributes map[string]string // event_id, event_type and, if known, traceparent
+}
+
+// Publisher sends messages to a queue or topic. PublishBatch returns, per
+// message id, the error of each message that was NOT accepted; every message
+// absent from that map was accepted. An error return means none can be
+// assumed accepted. pkg/sqstransport.Publisher implements it with
+// SendMessageBatch.
+type Publisher interface {
+	PublishBatch(ctx context.Context, msgs []Message) (failed map[uuid.UUID]error, err error)
+}
+
+// RelayConfig tunes a Relay. Zero values take the defaults in brackets.
+type RelayConfig struct {
+	// BatchSize is how many rows one claim takes [100]. The publisher splits
+	// them into SQS batches of 10 and sends those concurrently.
+	BatchSize int
+	// Workers is how many claim-publish-mark loops run in this process [2],
+	// so one batch is being claimed while another is on the wire.
+	Workers int
+	// PollInterval is the fallback when no notification arrives [500ms].
+	PollInterval time.Duration
+	// Lease is how long a claim is held before another relay may take the
+	// row over [30s]. Keep it well above the slowest publish: a lease that
+	// runs out mid-publish only causes a duplicate send, never a loss.
+	Lease time.Duration
+	// RetryBase and RetryMax bound the per-row backoff after a failed send
+	// [1s, 5m]: next_attempt_at = now + min(RetryMax, RetryBase*2^(attempts-1)), jittered.
+	RetryBase, RetryMax time.Duration
+	// DisableListen turns off LISTEN/NOTIFY (for PgBouncer in transaction
+	// mode, where a session's LISTEN does not survive); polling alone then
+	// drives the relay.
+	DisableListen bool
+	// KeepPublished is how long published rows stay for inspection before
+	// the cleanup deletes them [24h]; CleanupInterval is how often it runs [1m].
+	KeepPublished, CleanupInterval time.Duration
+	Logger                         *slog.Logger
+}
+
+func (c *RelayConfig) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 100
+	}
+	if c.Workers <= 0 {
+		c.Workers = 2
+	}
+	def(&c.PollInterval, 500*time.Millisecond)
+	def(&c.Lease, 30*time.Second)
+	def(&c.RetryBase, time.Second)
+	def(&c.RetryMax, 5*time.Minute)
+	def(&c.KeepPublished, 24*time.Hour)
+	def(&c.CleanupInterval, time.Minute)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Relay publishes committed outbox rows. Any number of relays, in one
+// process or many, may run against the same table: each claim is a single
+// short READ COMMITTED statement that leases rows with FOR UPDATE SKIP
+// LOCKED, so replicas never wait on each other nor fail to serialise. A row
+// is marked published only after the publisher accepted it; a relay that
+// dies in between leaves the lease to expire and the row is sent again.
+type Relay struct {
+	pool *pgxpool.Pool
+	pub  Publisher
+	cfg  RelayConfig
+	log  *slog.Logger
+
+	published, failures metric.Int64Counter
+}
+
+// NewRelay returns a relay that publishes the outbox of pool through pub.
+func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error) {
+	cfg.defaults()
+	r := &Relay{pool: pool, pub: pub, cfg: cfg, log: cfg.Logger}
+	m := otel.Meter("github.com/effectively-once/payments-cashback/pkg/outbox")
+	var err error
+	if r.published, err = m.Int64Counter("outbox_published_total", metric.WithDescription("Outbox rows published and marked.")); err != nil {
+		return nil, err
+	}
+	if r.failures, err = m.Int64Counter("outbox_publish_failures_total", metric.WithDescription("Outbox rows whose publish failed and was rescheduled.")); err != nil {
+		return nil, err
+	}
+	if _, err = m.Float64ObservableGauge("outbox_oldest_unpublished_age_seconds",
+		metric.WithDescription("Age of the oldest unpublished outbox row; alert when it grows."),
+		metric.WithFloat64Callback(func(ctx context.Context, o metric.Float64Observer) error {
+			age, err := r.OldestUnpublishedAge(ctx)
+			if err == nil {
+				o.Observe(age.Seconds())
+			}
+			return nil
+		})); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Run relays until ctx is cancelled. A batch on the wire when ctx ends is
+// still marked (with a short grace period), so a clean shutdown causes no
+// duplicate sends. Run returns nil on cancellation.
+func (r *Relay) Run(ctx context.Context) error {
+	wakes := make([]chan struct{}, r.cfg.Workers)
+	for i := range wakes {
+		wakes[i] = make(chan struct{}, 1)
+	}
+	var wg sync.WaitGroup
+	if !r.cfg.DisableListen {
+		wg.Go(func() { r.listen(ctx, wakes) })
+	}
+	wg.Go(func() { r.cleanupLoop(ctx) })
+	for _, w := range wakes {
+		wg.Go(func() { r.work(ctx, w) })
+	}
+	wg.Wait()
+	return nil
+}
+
+func (r *Relay) work(ctx context.Context, wake <-chan struct{}) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		n, err := r.RelayOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			r.log.Error("outbox relay batch failed", "error", err)
+		}
+		if err == nil && n == r.cfg.BatchSize {
+			continue // a full batch: there is probably more
+		}
+		timer.Reset(r.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// errCrashed stands for a process killed at a failpoint (in-process tests).
+var errCrashed = errors.New("outbox: crashed at failpoint")
+
+// RelayOnce claims, publishes and marks at most one batch and returns how
+// many rows it claimed. Run calls it in a loop; tests and tools may call it
+// directly.
+func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	msgs, err := r.claim(ctx)
+	if err != nil || len(msgs) == 0 {
+		return 0, err
+	}
+	// Once claimed, finish the batch even if ctx is cancelled meanwhile:
+	// marking what was sent avoids re-sending it after a clean shutdown.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Lease)
+	defer cancel()
+	failed, err := r.pub.PublishBatch(wctx, msgs)
+	if err != nil {
+		failed = make(map[uuid.UUID]error, len(msgs))
+		for _, m := range msgs {
+			failed[m.ID] = err
+		}
+	}
+	if failpoint.Hit(failpoint.AfterPublishBeforeMark) {
+		return len(msgs), errCrashed
+	}
+	ok := make([]uuid.UUID, 0, len(msgs))
+	for _, m := range msgs {
+		if _, bad := failed[m.ID]; !bad {
+			ok = append(ok, m.ID)
+		}
+	}
+	if err := r.mark(wctx, ok, failed); err != nil {
+		return len(msgs), err
+	}
+	return len(msgs), nil
+}
+
+type row struct {
+	ID               uuid.UUID
+	AggregateID      string
+	AggregateVersion int64
+	EventType        string
+	Payload          []byte
+	Headers          map[string]string
+	OccurredAt       time.Time
+}
+
+// claim leases up to BatchSize due rows in one autocommitted statement.
+func (r *Relay) claim(ctx context.Context) ([]Message, error) {
+	rows, err := r.pool.Query(ctx, `
+		UPDATE outbox SET claimed_until = now() + $2::interval, attempts = attempts + 1
+		WHERE id IN (
+			SELECT id FROM outbox
+			WHERE published_at IS NULL AND next_attempt_at <= now()
+			  AND (claimed_until IS NULL OR claimed_until < now())
+			ORDER BY next_attempt_at, id
+			LIMIT $1
+			FOR UPDATE SKIP LOCKED)
+		RETURNING id, aggregate_id, aggregate_version, event_type, payload, headers, occurred_at`,
+		r.cfg.BatchSize, r.cfg.Lease)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	claimed, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	msgs := make([]Message, 0, len(claimed))
+	for _, c := range claimed {
+		env := events.Envelope{EventID: c.ID, EventType: c.EventType, AggregateID: c.AggregateID,
+			AggregateVersion: c.AggregateVersion, OccurredAt: c.OccurredAt.UTC(), Payload: json.RawMessage(c.Payload)}
+		body, err := json.Marshal(env)
+		if err != nil {
+			return nil, err
+		}
+		attrs := map[string]string{"event_id": c.ID.String(), "event_type": c.EventType}
+		if tp := c.Headers["traceparent"]; tp != "" {
+			attrs["traceparent"] = tp
+		}
+		msgs = append(msgs, Message{ID: c.ID, Body: body, Attributes: attrs})
+	}
+	return msgs, nil
+}
+
+// mark records the outcome of a batch: one UPDATE for all the published
+// rows, one for all the failed ones (each failure gets its own backoff from
+// its attempt count).
+func (r *Relay) mark(ctx context.Context, ok []uuid.UUID, failed map[uuid.UUID]error) error {
+	if len(ok) > 0 {
+		tag, err := r.pool.Exec(ctx, `UPDATE outbox SET published_at = now(), claimed_until = NULL, last_error = NULL
+			WHERE id = ANY($1) AND published_at IS NULL`, ok)
+		if err != nil {
+			return fmt.Errorf("outbox: mark published: %w", err)
+		}
+		r.published.Add(ctx, tag.RowsAffected())
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	ids := make([]uuid.UUID, 0, len(failed))
+	reasons := make([]string, 0, len(failed))
+	for id, err := range failed {
+		ids = append(ids, id)
+		reasons = append(reasons, err.Error())
+		r.log.Warn("outbox publish failed: rescheduled", "event_id", id, "error", err)
+	}
+	_, err := r.pool.Exec(ctx, `
+		UPDATE outbox o SET claimed_until = NULL, last_error = f.reason,
+		       next_attempt_at = now() + least($3::interval, $4::interval * power(2, greatest(o.attempts - 1, 0)))
+		                                 * (0.75 + random() / 2)
+		FROM unnest($1::uuid[], $2::text[]) AS f(id, reason)
+		WHERE o.id = f.id AND o.published_at IS NULL`, ids, reasons, r.cfg.RetryMax, r.cfg.RetryBase)
+	if err != nil {
+		return fmt.Errorf("outbox: reschedule failed rows: %w", err)
+	}
+	r.failures.Add(ctx, int64(len(ids)))
+	return nil
+}
+
+// OldestUnpublishedAge is how long the oldest unpublished row has waited
+// (0 when none waits).
+func (r *Relay) OldestUnpublishedAge(ctx context.Context) (time.Duration, error) {
+	var secs float64
+	err := r.pool.QueryRow(ctx, `SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+		FROM outbox WHERE published_at IS NULL`).Scan(&secs)
+	return time.Duration(secs * float64(time.Second)), err
+}
+
+// listen turns notifications on the 'outbox' channel into wake-ups. It
+// holds one dedicated connection (LISTEN is per session, so a pooled
+// connection would lose it) and reconnects with backoff when it breaks.
+func (r *Relay) listen(ctx context.Context, wakes []chan struct{}) {
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx, wakes)
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("outbox LISTEN connection lost; polling continues, reconnecting", "error", err, "retry_in", delay)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 10*time.Second)
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, wakes []chan struct{}) error {
+	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN outbox"); err != nil {
+		return err
+	}
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		for _, w := range wakes {
+			select {
+			case w <- struct{}{}:
+			default: // already awake or about to be
+			}
+		}
+	}
+}
+
+func (r *Relay) cleanupLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n, err := r.Cleanup(ctx); err != nil {
+				r.log.Error("outbox cleanup failed", "error", err)
+			} else if n > 0 {
+				r.log.Info("outbox cleanup", "deleted", n)
+			}
+		}
+	}
+}
+
+// Cleanup deletes rows published more than KeepPublished ago, in chunks so
+// that no single statement holds many locks, and returns how many it deleted.
+func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := r.pool.Exec(ctx, `DELETE FROM outbox WHERE id IN (
+			SELECT id FROM outbox WHERE published_at < now() - $1::interval LIMIT 1000)`, r.cfg.KeepPublished)
+		if err != nil {
+			return total, fmt.Errorf("outbox: cleanup: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < 1000 {
+			return total, nil
+		}
+	}
+}

@@ -1,0 +1,24 @@
+// Package sqstransport carries events over Amazon SQS (or any server that
+// speaks its API, such as LocalStack or fauxqs; AWS_ENDPOINT_URL picks it).
+//
+// Publisher sends outbox rows with SendMessageBatch, 10 per call and several
+// calls in flight, each message carrying the attributes event_id, event_type
+// and traceparent.
+//
+// Subscriber long-polls a queue and hands each decoded envelope to a
+// handler. Its contract with the handler:
+//   - a message is deleted only after the handler returned nil, that is
+//     after the handler's transaction committed (Applied or Duplicate);
+//   - a handler error leaves the message in the queue; it comes back after a
+//     backoff (its visibility timeout is set from its receive count), and
+//     SQS moves it to the DLQ after maxReceiveCount receives;
+//   - a body that does not decode, and a handler error that says it is
+//     permanent (a Permanent() bool method returning true), parks the message
+//     in the queue's DLQ at once, with the reason as a message attribute:
+//     never acked silently, never retried in vain;
+//   - while a handler runs, the message's visibility is extended, so a slow
+//     handler is not raced by a second copy (unless it hangs past
+//     MaxExtension: then a second copy runs, and the dedupe key decides);
+//   - on shutdown, receiving stops, in-flight handlers finish (up to a grace
+//     period) and their messages are deleted; nothing uncommitted is deleted.
+package sqstransport

@@ -1,0 +1,117 @@
+package sqstransport
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/google/uuid"
+
+	"github.com/effectively-once/payments-cashback/pkg/outbox"
+)
+
+// SQS limits for one SendMessageBatch call.
+const (
+	maxBatchEntries = 10
+	maxBatchBytes   = 256 * 1024
+)
+
+// Publisher implements outbox.Publisher on an SQS queue.
+type Publisher struct {
+	client   *sqs.Client
+	queueURL string
+	inFlight int
+}
+
+// NewPublisher returns a Publisher to queueURL that keeps up to inFlight
+// SendMessageBatch calls in flight at once (<= 0 means 4): a relay to SQS is
+// bound by round trips, not by PostgreSQL.
+func NewPublisher(client *sqs.Client, queueURL string, inFlight int) *Publisher {
+	if inFlight <= 0 {
+		inFlight = 4
+	}
+	return &Publisher{client: client, queueURL: queueURL, inFlight: inFlight}
+}
+
+// PublishBatch sends msgs in SQS batches and reports each message that SQS
+// did not accept. A call that fails as a whole fails all of its entries.
+func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (map[uuid.UUID]error, error) {
+	var (
+		mu     sync.Mutex
+		failed = map[uuid.UUID]error{}
+		wg     sync.WaitGroup
+		sem    = make(chan struct{}, p.inFlight)
+	)
+	fail := func(id uuid.UUID, err error) {
+		mu.Lock()
+		failed[id] = err
+		mu.Unlock()
+	}
+	for _, chunk := range chunks(msgs) {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			entries := make([]types.SendMessageBatchRequestEntry, len(chunk))
+			for i, m := range chunk {
+				entries[i] = types.SendMessageBatchRequestEntry{
+					Id:                aws.String(m.ID.String()),
+					MessageBody:       aws.String(string(m.Body)),
+					MessageAttributes: stringAttributes(m.Attributes),
+				}
+			}
+			out, err := p.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &p.queueURL, Entries: entries})
+			if err != nil {
+				for _, m := range chunk {
+					fail(m.ID, err)
+				}
+				return
+			}
+			for _, f := range out.Failed {
+				id, perr := uuid.Parse(aws.ToString(f.Id))
+				if perr != nil {
+					continue
+				}
+				fail(id, fmt.Errorf("sqs rejected the message: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message)))
+			}
+		})
+	}
+	wg.Wait()
+	return failed, nil
+}
+
+// chunks splits msgs into groups that fit one SendMessageBatch call.
+func chunks(msgs []outbox.Message) [][]outbox.Message {
+	var out [][]outbox.Message
+	var cur []outbox.Message
+	size := 0
+	for _, m := range msgs {
+		n := len(m.Body)
+		for k, v := range m.Attributes {
+			n += len(k) + len(v) + len("String")
+		}
+		if len(cur) == maxBatchEntries || (len(cur) > 0 && size+n > maxBatchBytes) {
+			out = append(out, cur)
+			cur, size = nil, 0
+		}
+		cur = append(cur, m)
+		size += n
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+func stringAttributes(m map[string]string) map[string]types.MessageAttributeValue {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]types.MessageAttributeValue, len(m))
+	for k, v := range m {
+		out[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+	}
+	return out
+}

@@ -1,0 +1,433 @@
+package sqstransport
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+)
+
+// Delivery is one received copy of an event.
+type Delivery struct {
+	Envelope     events.Envelope
+	MessageID    string // the SQS MessageId: changes on redrive, never a dedupe key
+	ReceiveCount int    // ApproximateReceiveCount
+	Attributes   map[string]string
+	Body         []byte
+}
+
+// Handler processes one delivery. Return nil only once the effect is
+// committed (or known to be committed before); the message is then deleted.
+type Handler func(ctx context.Context, d Delivery) error
+
+// Permanent marks err as one that no redelivery can fix: the Subscriber
+// parks the message in the DLQ instead of retrying it.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanent{err}
+}
+
+type permanent struct{ error }
+
+func (p permanent) Unwrap() error   { return p.error }
+func (p permanent) Permanent() bool { return true }
+
+// IsPermanent reports whether err, or an error it wraps, has a Permanent()
+// method that returns true.
+func IsPermanent(err error) bool {
+	var p interface{ Permanent() bool }
+	return errors.As(err, &p) && p.Permanent()
+}
+
+// SubscriberConfig tunes a Subscriber. Zero values take the defaults in brackets.
+type SubscriberConfig struct {
+	QueueURL string
+	// DLQURL is where undecodable and permanently failing messages are
+	// parked. Empty: found from the queue's RedrivePolicy at start.
+	DLQURL string
+	// Concurrency is how many handlers run at once [8].
+	Concurrency int
+	// WaitTime is the long-poll wait [20s]; MaxMessages per receive [10].
+	WaitTime    time.Duration
+	MaxMessages int
+	// Visibility is the visibility timeout the subscriber keeps renewing
+	// while a handler runs [30s]. MaxExtension caps the renewals [15m], so a
+	// hung handler eventually lets another replica try.
+	Visibility, MaxExtension time.Duration
+	// RetryBase and RetryMax space out redeliveries after a handler error:
+	// the message becomes visible again after min(RetryMax,
+	// RetryBase*2^(receives-1)) [1s, 1m].
+	RetryBase, RetryMax time.Duration
+	// ShutdownGrace bounds how long in-flight handlers may run after the
+	// context is cancelled [30s].
+	ShutdownGrace time.Duration
+	Logger        *slog.Logger
+}
+
+func (c *SubscriberConfig) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 8
+	}
+	if c.MaxMessages <= 0 || c.MaxMessages > 10 {
+		c.MaxMessages = 10
+	}
+	def(&c.WaitTime, 20*time.Second)
+	def(&c.Visibility, 30*time.Second)
+	def(&c.MaxExtension, 15*time.Minute)
+	def(&c.RetryBase, time.Second)
+	def(&c.RetryMax, time.Minute)
+	def(&c.ShutdownGrace, 30*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Subscriber consumes one queue. See the package documentation for its
+// delivery contract.
+type Subscriber struct {
+	client  *sqs.Client
+	cfg     SubscriberConfig
+	handler Handler
+	log     *slog.Logger
+	deletes chan string
+
+	received, deleted, parked, failed metric.Int64Counter
+	attrQueue                         attribute.KeyValue
+}
+
+// NewSubscriber returns a Subscriber that calls handler for each message.
+func NewSubscriber(client *sqs.Client, cfg SubscriberConfig, handler Handler) (*Subscriber, error) {
+	if cfg.QueueURL == "" {
+		return nil, errors.New("sqstransport: QueueURL is empty")
+	}
+	cfg.defaults()
+	s := &Subscriber{client: client, cfg: cfg, handler: handler, log: cfg.Logger.With("queue", queueName(cfg.QueueURL)),
+		attrQueue: attribute.String("queue", queueName(cfg.QueueURL))}
+	m := otel.Meter("github.com/effectively-once/payments-cashback/pkg/sqstransport")
+	var err error
+	for _, c := range []struct {
+		dst        *metric.Int64Counter
+		name, desc string
+	}{
+		{&s.received, "sqs_messages_received_total", "Messages received."},
+		{&s.deleted, "sqs_messages_deleted_total", "Messages deleted after their handler committed."},
+		{&s.parked, "sqs_messages_parked_total", "Poison messages parked in the DLQ, by reason; alert when it rises."},
+		{&s.failed, "sqs_handler_errors_total", "Handler errors; the message is left for redelivery."},
+	} {
+		if *c.dst, err = m.Int64Counter(c.name, metric.WithDescription(c.desc)); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func queueName(url string) string { return url[strings.LastIndex(url, "/")+1:] }
+
+// Run consumes until ctx is cancelled, then drains: no new receives,
+// in-flight handlers finish within ShutdownGrace and their messages are
+// deleted. It returns nil after a clean drain.
+func (s *Subscriber) Run(ctx context.Context) error {
+	if s.cfg.DLQURL == "" {
+		dlq, err := s.discoverDLQ(ctx)
+		if err != nil {
+			return err
+		}
+		s.cfg.DLQURL = dlq
+		if dlq == "" {
+			s.log.Warn("queue has no RedrivePolicy: poison messages cannot be parked and will stay in the queue")
+		}
+	}
+	// Handlers outlive ctx by up to ShutdownGrace; they get a context that
+	// is cancelled only when the grace runs out.
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	s.deletes = make(chan string, 4*s.cfg.Concurrency)
+	deleterDone := make(chan struct{})
+	go func() { defer close(deleterDone); s.deleter(work) }()
+
+	slots := make(chan struct{}, s.cfg.Concurrency)
+	var inflight sync.WaitGroup
+	for ctx.Err() == nil {
+		// Take at least one free slot before receiving, so messages never sit
+		// in memory waiting for a handler while their visibility runs out.
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			continue
+		}
+		n := 1
+		for n < s.cfg.MaxMessages {
+			select {
+			case slots <- struct{}{}:
+				n++
+				continue
+			default:
+			}
+			break
+		}
+		msgs, err := s.receive(ctx, n)
+		for range n - len(msgs) {
+			<-slots
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("receive failed", "error", err)
+				sleep(ctx, time.Second)
+			}
+			continue
+		}
+		for _, m := range msgs {
+			inflight.Go(func() {
+				defer func() { <-slots }()
+				s.process(work, m)
+			})
+		}
+	}
+	drained := make(chan struct{})
+	go func() { inflight.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(s.cfg.ShutdownGrace):
+		s.log.Warn("shutdown grace over: cancelling in-flight handlers; their messages stay in the queue")
+		stopWork()
+		<-drained
+	}
+	close(s.deletes)
+	<-deleterDone
+	return nil
+}
+
+func (s *Subscriber) receive(ctx context.Context, n int) ([]types.Message, error) {
+	out, err := s.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+		QueueUrl:                    &s.cfg.QueueURL,
+		MaxNumberOfMessages:         int32(n),
+		WaitTimeSeconds:             int32(s.cfg.WaitTime / time.Second),
+		VisibilityTimeout:           int32(s.cfg.Visibility / time.Second),
+		MessageAttributeNames:       []string{"All"},
+		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount},
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.received.Add(ctx, int64(len(out.Messages)), metric.WithAttributes(s.attrQueue))
+	return out.Messages, nil
+}
+
+func (s *Subscriber) process(ctx context.Context, m types.Message) {
+	d := Delivery{MessageID: aws.ToString(m.MessageId), Body: []byte(aws.ToString(m.Body)), Attributes: map[string]string{}}
+	d.ReceiveCount, _ = strconv.Atoi(m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
+	for k, v := range m.MessageAttributes {
+		if v.StringValue != nil {
+			d.Attributes[k] = *v.StringValue
+		}
+	}
+	log := s.log.With("sqs_message_id", d.MessageID, "receive_count", d.ReceiveCount)
+	env, err := events.Decode(d.Body)
+	if err != nil {
+		log.Error("undecodable message: parking it", "error", err)
+		s.park(ctx, m, d, "undecodable", err)
+		return
+	}
+	d.Envelope = env
+	log = log.With("event_id", env.EventID, "event_type", env.EventType)
+
+	ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier(d.Attributes))
+	ctx, span := otel.Tracer("sqstransport").Start(ctx, "process "+env.EventType,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("messaging.message.id", d.MessageID), attribute.String("event_id", env.EventID.String())))
+	defer span.End()
+
+	stopHeartbeat := s.heartbeat(ctx, m.ReceiptHandle, log)
+	err = s.handler(ctx, d)
+	stopHeartbeat()
+	switch {
+	case err == nil:
+		if failpoint.Hit(failpoint.AfterCommitBeforeDelete) {
+			return
+		}
+		s.deletes <- aws.ToString(m.ReceiptHandle)
+	case IsPermanent(err):
+		log.Error("handler refused the message permanently: parking it", "error", err)
+		s.park(ctx, m, d, "refused", err)
+	default:
+		s.failed.Add(ctx, 1, metric.WithAttributes(s.attrQueue))
+		span.RecordError(err)
+		delay := backoffFor(d.ReceiveCount, s.cfg.RetryBase, s.cfg.RetryMax)
+		log.Warn("handler failed: message left for redelivery", "error", err, "retry_in", delay)
+		s.setVisibility(ctx, m.ReceiptHandle, delay, log)
+	}
+}
+
+func backoffFor(receives int, base, max time.Duration) time.Duration {
+	d := base
+	for i := 1; i < receives && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
+}
+
+// heartbeat keeps the message invisible while its handler runs.
+func (s *Subscriber) heartbeat(ctx context.Context, receipt *string, log *slog.Logger) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(s.cfg.Visibility / 2)
+		defer t.Stop()
+		deadline := time.Now().Add(s.cfg.MaxExtension)
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if time.Now().After(deadline) {
+					log.Warn("handler exceeded MaxExtension: no longer extending visibility; another copy may run")
+					return
+				}
+				s.setVisibility(ctx, receipt, s.cfg.Visibility, log)
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
+func (s *Subscriber) setVisibility(ctx context.Context, receipt *string, d time.Duration, log *slog.Logger) {
+	_, err := s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+		QueueUrl: &s.cfg.QueueURL, ReceiptHandle: receipt, VisibilityTimeout: int32(d / time.Second)})
+	if err != nil {
+		log.Warn("change visibility failed", "error", err)
+	}
+}
+
+// park moves a poison message to the DLQ with the reason attached, then
+// deletes the original. Without a DLQ the message stays where it is (SQS's
+// own redrive, if any, will move it after maxReceiveCount receives).
+func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind string, cause error) {
+	s.parked.Add(ctx, 1, metric.WithAttributes(s.attrQueue, attribute.String("reason", kind)))
+	if s.cfg.DLQURL == "" {
+		return
+	}
+	attrs := make(map[string]types.MessageAttributeValue, len(m.MessageAttributes)+3)
+	for k, v := range m.MessageAttributes {
+		attrs[k] = v
+	}
+	reason := cause.Error()
+	if len(reason) > 1000 {
+		reason = reason[:1000]
+	}
+	attrs["park_reason"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(kind + ": " + reason)}
+	attrs["park_source_queue"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(queueName(s.cfg.QueueURL))}
+	attrs["park_source_message_id"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(d.MessageID)}
+	body := aws.ToString(m.Body)
+	if body == "" {
+		body = "(empty body)" // SQS refuses empty bodies; the reason says what happened
+	}
+	if _, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: &s.cfg.DLQURL, MessageBody: &body, MessageAttributes: attrs}); err != nil {
+		s.log.Error("parking in the DLQ failed: message left in the queue", "error", err, "sqs_message_id", d.MessageID)
+		return
+	}
+	s.deletes <- aws.ToString(m.ReceiptHandle)
+}
+
+// deleter batches deletes: up to 10 receipts per DeleteMessageBatch, sent
+// as soon as 10 are queued or 5 ms after the first, so completions cost a
+// fraction of a round trip each.
+func (s *Subscriber) deleter(ctx context.Context) {
+	batch := make([]string, 0, 10)
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		entries := make([]types.DeleteMessageBatchRequestEntry, len(batch))
+		for i, r := range batch {
+			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r)}
+		}
+		out, err := s.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &s.cfg.QueueURL, Entries: entries})
+		switch {
+		case err != nil:
+			s.log.Error("delete batch failed: those messages will be redelivered and deduplicated", "error", err, "count", len(batch))
+		case len(out.Failed) > 0:
+			s.log.Warn("some deletes failed: those messages will be redelivered and deduplicated", "failed", len(out.Failed))
+			s.deleted.Add(ctx, int64(len(out.Successful)), metric.WithAttributes(s.attrQueue))
+		default:
+			s.deleted.Add(ctx, int64(len(out.Successful)), metric.WithAttributes(s.attrQueue))
+		}
+		batch = batch[:0]
+	}
+	var timer <-chan time.Time
+	for {
+		select {
+		case r, ok := <-s.deletes:
+			if !ok {
+				flush()
+				return
+			}
+			batch = append(batch, r)
+			if len(batch) == 10 {
+				flush()
+				timer = nil
+			} else if timer == nil {
+				timer = time.After(5 * time.Millisecond)
+			}
+		case <-timer:
+			flush()
+			timer = nil
+		}
+	}
+}
+
+func (s *Subscriber) discoverDLQ(ctx context.Context) (string, error) {
+	out, err := s.client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl: &s.cfg.QueueURL, AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameRedrivePolicy}})
+	if err != nil {
+		return "", fmt.Errorf("sqstransport: read RedrivePolicy of %s: %w", s.cfg.QueueURL, err)
+	}
+	raw := out.Attributes[string(types.QueueAttributeNameRedrivePolicy)]
+	if raw == "" {
+		return "", nil
+	}
+	var rp struct {
+		DeadLetterTargetArn string `json:"deadLetterTargetArn"`
+	}
+	if err := json.Unmarshal([]byte(raw), &rp); err != nil {
+		return "", fmt.Errorf("sqstransport: RedrivePolicy of %s: %w", s.cfg.QueueURL, err)
+	}
+	name := rp.DeadLetterTargetArn[strings.LastIndex(rp.DeadLetterTargetArn, ":")+1:]
+	u, err := s.client.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: &name})
+	if err != nil {
+		return "", fmt.Errorf("sqstransport: DLQ %s: %w", name, err)
+	}
+	return aws.ToString(u.QueueUrl), nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
