@@ -1,0 +1,83 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+)
+
+// Check is one readiness probe (a database ping, a queue lookup).
+type Check func(ctx context.Context) error
+
+// NewRouter returns a chi router with request ids, panic recovery, access
+// logs, and the endpoints every service exposes: /healthz (the process is
+// up), /readyz (every check passes within 2 s) and /metrics.
+func NewRouter(log *slog.Logger, metrics http.Handler, checks map[string]Check) chi.Router {
+	r := chi.NewRouter()
+	r.Use(middleware.RequestID, middleware.Recoverer, accessLog(log))
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	r.Get("/readyz", func(w http.ResponseWriter, req *http.Request) {
+		ctx, cancel := context.WithTimeout(req.Context(), 2*time.Second)
+		defer cancel()
+		status, code := map[string]string{}, http.StatusOK
+		for name, check := range checks {
+			if err := check(ctx); err != nil {
+				status[name], code = err.Error(), http.StatusServiceUnavailable
+			} else {
+				status[name] = "ok"
+			}
+		}
+		WriteJSON(w, code, status)
+	})
+	if metrics != nil {
+		r.Method(http.MethodGet, "/metrics", metrics)
+	}
+	return r
+}
+
+func accessLog(log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+			next.ServeHTTP(ww, r)
+			if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/metrics" {
+				return
+			}
+			log.Info("http request", "method", r.Method, "path", r.URL.Path, "status", ww.Status(),
+				"duration_ms", float64(time.Since(start).Microseconds())/1000, "request_id", middleware.GetReqID(r.Context()))
+		})
+	}
+}
+
+// ErrorBody is the JSON shape of every error response: a machine-readable
+// code, the offending field when there is one, and a sentence for humans.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the content of ErrorBody.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message"`
+}
+
+// WriteJSON writes v as a JSON response with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// WriteError writes an ErrorBody.
+func WriteError(w http.ResponseWriter, status int, code, field, message string) {
+	WriteJSON(w, status, ErrorBody{ErrorDetail{Code: code, Field: field, Message: message}})
+}

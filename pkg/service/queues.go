@@ -1,0 +1,28 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/cenkalti/backoff/v5"
+)
+
+// QueueURL resolves a queue name, retrying for up to wait while the SQS
+// server is starting or its queues are still being created.
+func QueueURL(ctx context.Context, c *sqs.Client, name string, wait time.Duration, log *slog.Logger) (string, error) {
+	url, err := backoff.Retry(ctx, func() (string, error) {
+		out, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: &name})
+		if err != nil {
+			log.Info("waiting for queue", "queue", name, "error", err)
+			return "", err
+		}
+		return *out.QueueUrl, nil
+	}, backoff.WithMaxElapsedTime(wait))
+	if err != nil {
+		return "", fmt.Errorf("queue %s not found after %v (create it with `go run ./cmd/queues`): %w", name, wait, err)
+	}
+	return url, nil
+}

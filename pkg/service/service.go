@@ -1,0 +1,144 @@
+// Package service is the plumbing every service of this project shares:
+// configuration from the environment, JSON logs, OpenTelemetry metrics and
+// trace propagation, a PostgreSQL pool that waits for the database at
+// start, the health/readiness/metrics endpoints, and a runner that stops
+// everything gracefully on SIGTERM. A new service built from the template
+// keeps this package and writes only its own handlers.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+)
+
+// LoadConfig fills a struct tagged for github.com/caarlos0/env (`env:"NAME"`,
+// `envDefault:"..."`, `env:",required"`) from the environment. The error
+// names every missing or malformed variable at once, so a misconfigured
+// deployment fails at start with one readable message.
+func LoadConfig[T any]() (T, error) {
+	var cfg T
+	if err := env.Parse(&cfg); err != nil {
+		return cfg, fmt.Errorf("configuration: %w", err)
+	}
+	return cfg, nil
+}
+
+// NewLogger returns a JSON logger tagged with the service name, at the level
+// named by LOG_LEVEL (debug, info, warn, error; default info), and makes it
+// the slog default so libraries log the same way.
+func NewLogger(name string) *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(os.Getenv("LOG_LEVEL"))); err != nil {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: level})).With("service", name)
+	slog.SetDefault(log)
+	return log
+}
+
+// Fatal logs err and exits with status 1: for errors at start-up only.
+func Fatal(log *slog.Logger, msg string, err error) {
+	log.Error(msg, "error", err)
+	os.Exit(1)
+}
+
+// OpenPool connects to PostgreSQL, retrying for up to wait while the server
+// is still coming up (as it is when a whole stack starts at once).
+func OpenPool(ctx context.Context, url string, wait time.Duration, log *slog.Logger) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("database url: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	_, err = backoff.Retry(ctx, func() (struct{}, error) {
+		err := pool.Ping(ctx)
+		if err != nil {
+			log.Info("waiting for the database", "host", cfg.ConnConfig.Host, "database", cfg.ConnConfig.Database, "error", err)
+		}
+		return struct{}{}, err
+	}, backoff.WithMaxElapsedTime(wait))
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("database %s on %s unreachable after %v: %w", cfg.ConnConfig.Database, cfg.ConnConfig.Host, wait, err)
+	}
+	return pool, nil
+}
+
+// Task is a long-running part of a service (HTTP server, relay, consumer).
+// It runs until ctx is cancelled and then returns nil after finishing its
+// in-flight work; any other return stops the whole service.
+type Task struct {
+	Name string
+	Run  func(ctx context.Context) error
+}
+
+// Run runs tasks until SIGINT/SIGTERM or until one fails, then cancels the
+// rest and waits for them to drain. It returns the first task error.
+func Run(ctx context.Context, log *slog.Logger, tasks ...Task) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	g, gctx := errgroup.WithContext(ctx)
+	for _, t := range tasks {
+		g.Go(func() error {
+			log.Info("started", "task", t.Name)
+			err := t.Run(gctx)
+			if err != nil && !errors.Is(err, context.Canceled) {
+				log.Error("task failed: stopping the service", "task", t.Name, "error", err)
+				return fmt.Errorf("%s: %w", t.Name, err)
+			}
+			log.Info("stopped", "task", t.Name)
+			return nil
+		})
+	}
+	go func() {
+		<-gctx.Done()
+		log.Info("shutting down: draining in-flight work")
+	}()
+	return g.Wait()
+}
+
+// HTTPTask serves h on addr and shuts the server down gracefully (in-flight
+// requests get up to 10 s) when ctx is cancelled.
+func HTTPTask(addr string, h http.Handler, log *slog.Logger) Task {
+	return Task{Name: "http " + addr, Run: func(ctx context.Context) error {
+		srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		errc := make(chan error, 1)
+		go func() { errc <- srv.ListenAndServe() }()
+		select {
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			log.Warn("http shutdown", "error", err)
+		}
+		return nil
+	}}
+}
+
+// ListenAddr turns a port number or address into a listen address
+// (":8081" for "8081").
+func ListenAddr(portOrAddr string) string {
+	if strings.Contains(portOrAddr, ":") {
+		return portOrAddr
+	}
+	return ":" + portOrAddr
+}
