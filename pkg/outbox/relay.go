@@ -276,12 +276,17 @@ func (r *Relay) mark(ctx context.Context, ok []uuid.UUID, failed map[uuid.UUID]e
 		reasons = append(reasons, err.Error())
 		r.log.Warn("outbox publish failed: rescheduled", "event_id", id, "error", err)
 	}
+	// The backoff is computed in float8 seconds with the exponent capped:
+	// interval arithmetic overflows ("interval out of range") once
+	// RetryBase*2^(attempts-1) passes ~292,000 years, which with a 1s base
+	// is attempt 45, i.e. after a few hours of a persistent failure.
 	_, err := r.pool.Exec(ctx, `
 		UPDATE outbox o SET claimed_until = NULL, last_error = f.reason,
-		       next_attempt_at = now() + least($3::interval, $4::interval * power(2, greatest(o.attempts - 1, 0)))
-		                                 * (0.75 + random() / 2)
+		       next_attempt_at = now() + make_interval(secs =>
+		           least($3::float8, $4::float8 * power(2::float8, least(greatest(o.attempts - 1, 0), 60)))
+		           * (0.75 + random() / 2))
 		FROM unnest($1::uuid[], $2::text[]) AS f(id, reason)
-		WHERE o.id = f.id AND o.published_at IS NULL`, ids, reasons, r.cfg.RetryMax, r.cfg.RetryBase)
+		WHERE o.id = f.id AND o.published_at IS NULL`, ids, reasons, r.cfg.RetryMax.Seconds(), r.cfg.RetryBase.Seconds())
 	if err != nil {
 		return fmt.Errorf("outbox: reschedule failed rows: %w", err)
 	}
@@ -302,11 +307,15 @@ func (r *Relay) OldestUnpublishedAge(ctx context.Context) (time.Duration, error)
 // holds one dedicated connection (LISTEN is per session, so a pooled
 // connection would lose it) and reconnects with backoff when it breaks.
 func (r *Relay) listen(ctx context.Context, wakes []chan struct{}) {
-	delay := 100 * time.Millisecond
+	const minDelay = 100 * time.Millisecond
+	delay := minDelay
 	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, wakes)
+		listening, err := r.listenOnce(ctx, wakes)
 		if ctx.Err() != nil {
 			return
+		}
+		if listening {
+			delay = minDelay // it worked for a while: a fresh failure, not a run of them
 		}
 		r.log.Warn("outbox LISTEN connection lost; polling continues, reconnecting", "error", err, "retry_in", delay)
 		select {
@@ -318,18 +327,20 @@ func (r *Relay) listen(ctx context.Context, wakes []chan struct{}) {
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context, wakes []chan struct{}) error {
+// listenOnce holds one LISTEN session until it breaks; listening reports
+// whether LISTEN was established at all.
+func (r *Relay) listenOnce(ctx context.Context, wakes []chan struct{}) (listening bool, err error) {
 	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "LISTEN outbox"); err != nil {
-		return err
+		return false, err
 	}
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return err
+			return true, err
 		}
 		for _, w := range wakes {
 			select {

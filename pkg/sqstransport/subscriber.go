@@ -66,11 +66,12 @@ type SubscriberConfig struct {
 	DLQURL string
 	// Concurrency is how many handlers run at once [8].
 	Concurrency int
-	// WaitTime is the long-poll wait [20s]; MaxMessages per receive [10].
+	// WaitTime is the long-poll wait [20s, within 1s..20s]; MaxMessages per
+	// receive [10].
 	WaitTime    time.Duration
 	MaxMessages int
 	// Visibility is the visibility timeout the subscriber keeps renewing
-	// while a handler runs [30s]. MaxExtension caps the renewals [15m], so a
+	// while a handler runs [30s, at least 1s]. MaxExtension caps the renewals [15m], so a
 	// hung handler eventually lets another replica try.
 	Visibility, MaxExtension time.Duration
 	// RetryBase and RetryMax space out redeliveries after a handler error:
@@ -97,6 +98,12 @@ func (c *SubscriberConfig) defaults() {
 	}
 	def(&c.WaitTime, 20*time.Second)
 	def(&c.Visibility, 30*time.Second)
+	// SQS counts both in whole seconds. A long-poll wait over 20 s is
+	// rejected (every receive would fail), and one under a second rounds
+	// to 0, a busy short poll. A visibility under a second rounds to 0:
+	// every message would be visible again as soon as it is received.
+	c.WaitTime = min(max(c.WaitTime, time.Second), 20*time.Second)
+	c.Visibility = min(max(c.Visibility, time.Second), 12*time.Hour)
 	def(&c.MaxExtension, 15*time.Minute)
 	def(&c.RetryBase, time.Second)
 	def(&c.RetryMax, time.Minute)

@@ -1,0 +1,46 @@
+//go:build linux
+
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"strconv"
+	"syscall"
+)
+
+// childAttr returns the process attributes for a server we start: it gets
+// deathSig when this test process dies, so a crashed or killed test binary
+// leaves no server behind; asPostgres runs it as the postgres system user
+// (initdb and postgres refuse to run as root).
+func childAttr(asPostgres bool, deathSig syscall.Signal) (*syscall.SysProcAttr, error) {
+	attr := &syscall.SysProcAttr{Pdeathsig: deathSig}
+	if asPostgres {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("running as root, which PostgreSQL refuses, and no postgres user to run it as: %w", err)
+		}
+		uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+		gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, fmt.Errorf("postgres user: %w", err)
+		}
+		attr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	return attr, nil
+}
+
+// chownForChild gives path to the user the child runs as, if it differs.
+func chownForChild(path string, attr *syscall.SysProcAttr) error {
+	if attr == nil || attr.Credential == nil {
+		return nil
+	}
+	return os.Chown(path, int(attr.Credential.Uid), int(attr.Credential.Gid))
+}
+
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}

@@ -1,0 +1,502 @@
+// Package httpidem gives an HTTP API Stripe-style Idempotency-Key semantics,
+// backed by PostgreSQL (table idempotency_keys, created by Migrate).
+//
+// For every (scope, key) — scope is the endpoint and path, so a refund key
+// and a payment key may be equal strings — the first request claims the key
+// with an INSERT ... ON CONFLICT DO NOTHING before anything else happens.
+// Then, for any later request with the same key:
+//
+//   - a different request body (by hash) is refused with 422, checked before
+//     anything is replayed;
+//   - a finished operation has its saved response (status and body, errors
+//     included) replayed byte for byte, with the header Idempotent-Replayed;
+//   - an operation still running is refused with 409 (Retry-After);
+//   - an operation whose attempt ended without a response is run again: at
+//     once if the attempt failed cleanly (it releases its lease), after the
+//     lock timeout if it crashed (its lease expires). The retry gets the same
+//     Attempt.ResourceID the first attempt was given, so an external call
+//     keyed on it (a Stripe idempotency key) is the same call, not a new one.
+//
+// The response is saved by the operation itself, with Attempt.Save inside
+// the transaction that commits its effect: the effect and "this key is done"
+// commit together or not at all. Save is fenced by the attempt's lease, so
+// an attempt that outlived its lease and was taken over cannot commit too.
+//
+// Keys are kept for Config.Retention (24 h, as Stripe does) and then deleted
+// by Cleanup; a retry after that is a new request.
+//
+// Request validation happens BEFORE Handle: a malformed request writes
+// nothing and is not saved, so a client can fix it and retry with the same
+// key (Stripe does the same).
+package httpidem
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+	"unicode"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/effectively-once/payments-cashback/pkg/migrate"
+	"github.com/effectively-once/payments-cashback/pkg/service"
+)
+
+// Header names.
+const (
+	HeaderKey      = "Idempotency-Key"
+	HeaderReplayed = "Idempotent-Replayed"
+	MaxKeyLen      = 255
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// VersionTable is the goose version table of this package's schema.
+const VersionTable = "httpidem_schema_version"
+
+// Migrate creates or upgrades the idempotency_keys table. Safe to run from
+// several replicas at once.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	return migrate.Up(ctx, pool, sub, VersionTable)
+}
+
+// Errors of this package. Handle turns each into its HTTP answer.
+var (
+	// ErrKeyMissing and ErrKeyInvalid: 400, nothing written.
+	ErrKeyMissing = errors.New("the Idempotency-Key header is required")
+	ErrKeyInvalid = fmt.Errorf("the Idempotency-Key header must be 1 to %d printable ASCII characters", MaxKeyLen)
+	// ErrMismatch: the key was used with a different request: 422.
+	ErrMismatch = errors.New("this Idempotency-Key was already used with a different request")
+	// ErrInFlight: another request with the key is running: 409.
+	ErrInFlight = errors.New("a request with this Idempotency-Key is still in progress; retry later")
+	// ErrLockLost: Save found that another attempt took the key over (this
+	// one outlived its lease). The caller must roll its transaction back.
+	ErrLockLost = errors.New("httpidem: the attempt's lease was taken over by a retry")
+	// ErrAbandon, returned by an operation, makes Handle behave as a
+	// crashed process would: the connection is dropped and the lease is left
+	// to expire (no release). For crash tests (see pkg/failpoint).
+	ErrAbandon = errors.New("httpidem: attempt abandoned (simulated crash)")
+)
+
+// Error is an operation failure that is NOT saved: the attempt's lease is
+// released and the client may retry with the same key, which runs the
+// operation again with the same ResourceID. Use it for transient failures
+// (a provider that is down, a database error).
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+	Err     error
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.Err) }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Config tunes a Store. Zero values take the defaults in brackets.
+type Config struct {
+	// LockTimeout is the lease of a running attempt [1m]. A request that
+	// crashed mid-operation blocks its key (409) this long; then a retry
+	// takes over. The operation runs with a deadline of 3/4 of it, so a live
+	// attempt has ended before its lease can be taken over.
+	LockTimeout time.Duration
+	// Retention is how long keys are kept [24h]; CleanupInterval is how
+	// often RunCleanup deletes older ones [10m].
+	Retention, CleanupInterval time.Duration
+	Logger                     *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.LockTimeout <= 0 {
+		c.LockTimeout = time.Minute
+	}
+	if c.Retention <= 0 {
+		c.Retention = 24 * time.Hour
+	}
+	if c.CleanupInterval <= 0 {
+		c.CleanupInterval = 10 * time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Store keeps idempotency keys in PostgreSQL.
+type Store struct {
+	pool     *pgxpool.Pool
+	cfg      Config
+	log      *slog.Logger
+	outcomes metric.Int64Counter
+}
+
+// New returns a Store on pool (whose database has been migrated).
+func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	cfg.defaults()
+	c, err := otel.Meter("github.com/effectively-once/payments-cashback/pkg/httpidem").Int64Counter(
+		"http_idempotency_requests_total",
+		metric.WithDescription("Requests carrying an Idempotency-Key, by outcome: executed, retried, replayed, in_flight, mismatch, released, lock_lost."))
+	if err != nil {
+		return nil, err
+	}
+	return &Store{pool: pool, cfg: cfg, log: cfg.Logger, outcomes: c}, nil
+}
+
+// Request describes one idempotent operation.
+type Request struct {
+	// Scope names the endpoint and resource, e.g. "POST /v1/payments" or
+	// "POST /v1/payments/pay_1/refund". Keys are unique per scope.
+	Scope string
+	// Fingerprint is the validated request (a struct): its JSON encoding is
+	// hashed, so the same request with other whitespace or field order is
+	// the same request, and a different one is a 422.
+	Fingerprint any
+	// NewResourceID, if set, is called on the first attempt; its result is
+	// stored with the key BEFORE the operation runs and given to every
+	// attempt, so retries act on the same resource (the same payment id, the
+	// same provider idempotency key).
+	NewResourceID func() string
+}
+
+// Attempt is the right to run an operation once: at most one request holds
+// it per key at a time.
+type Attempt struct {
+	ResourceID string // from Request.NewResourceID, the same for every attempt
+	Number     int    // 1, or more when an unfinished attempt is retried
+
+	scope, key string
+	token      uuid.UUID
+	status     int
+	body       []byte
+}
+
+// DB is what Save writes through: a pgx.Tx (normally) or a pool.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Save records the operation's final response, status and JSON-encoded
+// body, through db: pass the transaction that commits the operation's
+// effect, so the two commit together. (For an outcome with no effect, such
+// as a declined card, pass the pool.) It returns ErrLockLost if a retry has
+// taken this key over; the caller must then roll back. After Save, the
+// operation returns nil once its transaction has committed, and Handle
+// writes the saved response.
+func (a *Attempt) Save(ctx context.Context, db DB, status int, body any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("httpidem: encode response: %w", err)
+	}
+	b = append(b, '\n')
+	tag, err := db.Exec(ctx, `UPDATE idempotency_keys
+		SET response_code = $3, response_body = $4, locked_at = NULL, lock_token = NULL, completed_at = now()
+		WHERE scope = $1 AND key = $2 AND lock_token = $5 AND response_code IS NULL`,
+		a.scope, a.key, status, b, a.token)
+	if err != nil {
+		return fmt.Errorf("httpidem: save response: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrLockLost
+	}
+	a.status, a.body = status, b
+	return nil
+}
+
+// RequireKey is middleware that answers 400 to a request without a valid
+// Idempotency-Key header, before its body is even read.
+func RequireKey(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := KeyFrom(r); err != nil {
+			writeKeyError(w, err)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// KeyFrom returns the request's Idempotency-Key: 1 to 255 printable ASCII
+// characters.
+func KeyFrom(r *http.Request) (string, error) {
+	vals := r.Header.Values(HeaderKey)
+	if len(vals) == 0 || vals[0] == "" {
+		return "", ErrKeyMissing
+	}
+	k := vals[0]
+	if len(vals) > 1 || len(k) > MaxKeyLen {
+		return "", ErrKeyInvalid
+	}
+	for _, c := range k {
+		if c > unicode.MaxASCII || !unicode.IsPrint(c) {
+			return "", ErrKeyInvalid
+		}
+	}
+	return k, nil
+}
+
+func writeKeyError(w http.ResponseWriter, err error) {
+	code := "idempotency_key_missing"
+	if errors.Is(err, ErrKeyInvalid) {
+		code = "idempotency_key_invalid"
+	}
+	service.WriteError(w, http.StatusBadRequest, code, HeaderKey, err.Error())
+}
+
+// Handle runs op at most once to completion for the request's key and
+// writes the response: the one op saved, a replay of it, or an error.
+//
+// op runs with a context that is not cancelled when the client goes away
+// (a charge in progress should be recorded, not dropped) but has a deadline
+// of 3/4 of the lock timeout. op must either Save and commit, then return
+// nil; or return an error, which releases the lease without saving: an
+// *Error chooses the status, anything else is a 500; ErrLockLost is a 409;
+// ErrAbandon drops the connection and leaves the lease to expire.
+func (s *Store) Handle(w http.ResponseWriter, r *http.Request, req Request, op func(ctx context.Context, a *Attempt) error) {
+	key, err := KeyFrom(r)
+	if err != nil {
+		writeKeyError(w, err)
+		return
+	}
+	fp, err := json.Marshal(req.Fingerprint)
+	if err != nil {
+		s.log.Error("idempotency: fingerprint", "scope", req.Scope, "error", err)
+		service.WriteError(w, http.StatusInternalServerError, "internal", "", "internal error")
+		return
+	}
+	hash := sha256.Sum256(fp)
+	ctx := r.Context()
+	a, saved, err := s.begin(ctx, req, key, hash[:])
+	switch {
+	case errors.Is(err, ErrMismatch):
+		s.count(ctx, "mismatch")
+		service.WriteError(w, http.StatusUnprocessableEntity, "idempotency_key_reused", HeaderKey, err.Error())
+		return
+	case errors.Is(err, ErrInFlight):
+		s.count(ctx, "in_flight")
+		w.Header().Set("Retry-After", "1")
+		service.WriteError(w, http.StatusConflict, "idempotency_key_in_use", HeaderKey, err.Error())
+		return
+	case err != nil:
+		s.log.Error("idempotency: claim key", "scope", req.Scope, "error", err)
+		service.WriteError(w, http.StatusInternalServerError, "internal", "", "internal error")
+		return
+	case saved != nil:
+		s.count(ctx, "replayed")
+		w.Header().Set(HeaderReplayed, "true")
+		writeRaw(w, saved.status, saved.body)
+		return
+	}
+	if a.Number > 1 {
+		s.count(ctx, "retried")
+		s.log.Info("idempotency: retrying an unfinished attempt", "scope", req.Scope, "attempt", a.Number, "resource_id", a.ResourceID)
+	} else {
+		s.count(ctx, "executed")
+	}
+
+	opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.LockTimeout*3/4)
+	defer cancel()
+	err = op(opCtx, a)
+	switch {
+	case err == nil && a.body == nil:
+		err = errors.New("operation returned without saving a response")
+	case err == nil:
+		writeRaw(w, a.status, a.body)
+		return
+	case errors.Is(err, ErrAbandon):
+		panic(http.ErrAbortHandler) // as a crash: no response, no release
+	case errors.Is(err, ErrLockLost):
+		s.count(ctx, "lock_lost")
+		s.log.Warn("idempotency: attempt outlived its lease and was taken over", "scope", req.Scope, "attempt", a.Number)
+		service.WriteError(w, http.StatusConflict, "idempotency_key_in_use", HeaderKey, "this request was taken over by a retry with the same Idempotency-Key")
+		return
+	}
+	s.release(a)
+	var e *Error
+	if errors.As(err, &e) {
+		s.log.Warn("idempotency: attempt failed, key released for a retry", "scope", req.Scope, "attempt", a.Number, "code", e.Code, "error", e.Err)
+		service.WriteError(w, e.Status, e.Code, "", e.Message)
+		return
+	}
+	s.log.Error("idempotency: attempt failed, key released for a retry", "scope", req.Scope, "attempt", a.Number, "error", err)
+	service.WriteError(w, http.StatusInternalServerError, "internal", "", "internal error; retry with the same Idempotency-Key")
+}
+
+func writeRaw(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+type savedResponse struct {
+	status int
+	body   []byte
+}
+
+// begin claims the key (INSERT first), or explains why not: a saved
+// response, ErrMismatch, ErrInFlight; or takes over an unfinished attempt.
+func (s *Store) begin(ctx context.Context, req Request, key string, hash []byte) (*Attempt, *savedResponse, error) {
+	for range 5 {
+		token := uuid.New()
+		var resource *string
+		if req.NewResourceID != nil {
+			id := req.NewResourceID()
+			resource = &id
+		}
+		tag, err := s.pool.Exec(ctx, `INSERT INTO idempotency_keys (scope, key, request_hash, resource_id, lock_token, locked_at)
+			VALUES ($1, $2, $3, $4, $5, now()) ON CONFLICT (scope, key) DO NOTHING`,
+			req.Scope, key, hash, resource, token)
+		if err != nil {
+			return nil, nil, err
+		}
+		if tag.RowsAffected() == 1 {
+			return &Attempt{ResourceID: deref(resource), Number: 1, scope: req.Scope, key: key, token: token}, nil, nil
+		}
+
+		var (
+			gotHash  []byte
+			gotRes   *string
+			code     *int
+			body     []byte
+			held     bool
+			attempts int
+		)
+		err = s.pool.QueryRow(ctx, `SELECT request_hash, resource_id, response_code, response_body,
+				locked_at IS NOT NULL AND locked_at > now() - $3::interval, attempts
+			FROM idempotency_keys WHERE scope = $1 AND key = $2`,
+			req.Scope, key, s.cfg.LockTimeout).Scan(&gotHash, &gotRes, &code, &body, &held, &attempts)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // deleted by the cleanup just now: claim it afresh
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		// The hash first (lesson 6): a changed request never sees a replay.
+		if string(gotHash) != string(hash) {
+			return nil, nil, ErrMismatch
+		}
+		if code != nil {
+			return nil, &savedResponse{status: *code, body: body}, nil
+		}
+		if held {
+			return nil, nil, ErrInFlight
+		}
+		// Unfinished and not running: released by a failed attempt, or the
+		// lease of a crashed one expired. Take it over, fencing the old one.
+		tag, err = s.pool.Exec(ctx, `UPDATE idempotency_keys
+			SET lock_token = $3, locked_at = now(), attempts = attempts + 1
+			WHERE scope = $1 AND key = $2 AND response_code IS NULL
+			  AND (locked_at IS NULL OR locked_at <= now() - $4::interval)`,
+			req.Scope, key, token, s.cfg.LockTimeout)
+		if err != nil {
+			return nil, nil, err
+		}
+		if tag.RowsAffected() == 1 {
+			return &Attempt{ResourceID: deref(gotRes), Number: attempts + 1, scope: req.Scope, key: key, token: token}, nil, nil
+		}
+		// Another retry took it over, or it just finished: look again.
+	}
+	return nil, nil, ErrInFlight
+}
+
+// release ends a failed attempt without a response, so that a retry may run
+// at once. A no-op if the attempt had saved (and committed) after all.
+func (s *Store) release(a *Attempt) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := s.pool.Exec(ctx, `UPDATE idempotency_keys SET locked_at = NULL, lock_token = NULL
+		WHERE scope = $1 AND key = $2 AND lock_token = $3 AND response_code IS NULL`, a.scope, a.key, a.token)
+	if err != nil {
+		// The lease then expires after LockTimeout instead.
+		s.log.Warn("idempotency: release key", "scope", a.scope, "error", err)
+		return
+	}
+	s.count(ctx, "released")
+}
+
+func (s *Store) count(ctx context.Context, outcome string) {
+	s.outcomes.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", outcome)))
+}
+
+// Cleanup deletes keys older than Retention, in chunks, and returns how
+// many it deleted. A key whose operation never finished is logged as it
+// goes: its external call (keyed on its resource id) may have happened
+// without being recorded, which is for reconciliation to look at.
+func (s *Store) Cleanup(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		rows, err := s.pool.Query(ctx, `DELETE FROM idempotency_keys WHERE (scope, key) IN (
+				SELECT scope, key FROM idempotency_keys WHERE created_at < now() - $1::interval LIMIT 1000)
+			RETURNING scope, resource_id, response_code IS NULL, attempts`, s.cfg.Retention)
+		if err != nil {
+			return total, fmt.Errorf("httpidem: cleanup: %w", err)
+		}
+		var n int64
+		for rows.Next() {
+			var (
+				scope      string
+				resource   *string
+				unfinished bool
+				attempts   int
+			)
+			if err := rows.Scan(&scope, &resource, &unfinished, &attempts); err != nil {
+				rows.Close()
+				return total, err
+			}
+			n++
+			if unfinished {
+				s.log.Warn("idempotency: expired key of an operation that never finished; reconcile its resource",
+					"scope", scope, "resource_id", deref(resource), "attempts", attempts)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return total, fmt.Errorf("httpidem: cleanup: %w", err)
+		}
+		total += n
+		if n < 1000 {
+			return total, nil
+		}
+	}
+}
+
+// RunCleanup runs Cleanup every CleanupInterval until ctx ends; it returns
+// nil then (a service.Task).
+func (s *Store) RunCleanup(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		if n, err := s.Cleanup(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("idempotency key cleanup failed", "error", err)
+		} else if n > 0 {
+			s.log.Info("idempotency key cleanup", "deleted", n)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

@@ -1,0 +1,217 @@
+package idempotent_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/effectively-once/payments-cashback/internal/testenv"
+	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+)
+
+// inboxSetup is setup plus the table the inbox tests' handlers write:
+// applied(ordering_key, version, event_id, seq), where seq records the order
+// in which effects were applied.
+func inboxSetup(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool := testenv.DB(t)
+	ctx := context.Background()
+	if err := idempotent.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE applied (
+			ordering_key text NOT NULL, version bigint NOT NULL, event_id uuid NOT NULL UNIQUE, seq bigserial);
+		CREATE TABLE balances (key text PRIMARY KEY, total bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// metrics is an SDK meter provider with a manual reader, so a test can read
+// the values an Inbox recorded.
+type metrics struct {
+	reader   *sdkmetric.ManualReader
+	provider *sdkmetric.MeterProvider
+}
+
+func newMetrics() *metrics {
+	r := sdkmetric.NewManualReader()
+	return &metrics{reader: r, provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))}
+}
+
+// value sums the data points of the named instrument whose attributes
+// include every key=value in attrs.
+func (m *metrics) value(t testing.TB, name string, attrs ...string) float64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := m.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	match := func(set attribute.Set) bool {
+		for i := 0; i+1 < len(attrs); i += 2 {
+			if v, ok := set.Value(attribute.Key(attrs[i])); !ok || v.Emit() != attrs[i+1] {
+				return false
+			}
+		}
+		return true
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			if mt.Name != name {
+				continue
+			}
+			switch d := mt.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					if match(p.Attributes) {
+						sum += float64(p.Value)
+					}
+				}
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					if match(p.Attributes) {
+						sum += float64(p.Value)
+					}
+				}
+			case metricdata.Gauge[float64]:
+				for _, p := range d.DataPoints {
+					if match(p.Attributes) {
+						sum += p.Value
+					}
+				}
+			}
+		}
+	}
+	return sum
+}
+
+func newInbox(t testing.TB, pool *pgxpool.Pool, consumer string, cfg idempotent.InboxConfig) *idempotent.Inbox {
+	t.Helper()
+	in, err := idempotent.NewInbox(pool, consumer, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = in.Close() })
+	return in
+}
+
+func keyedEvent(t testing.TB, key string, version int64) events.Envelope {
+	t.Helper()
+	e, err := events.New(events.CashbackCredited, key, version, map[string]any{"key": key, "version": version})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// record is the handlers' usual effect: one applied row per event.
+func record(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
+	_, err := tx.Exec(ctx, `INSERT INTO applied (ordering_key, version, event_id) VALUES ($1, $2, $3)`,
+		e.AggregateID, e.AggregateVersion, e.EventID)
+	return err
+}
+
+// runProcessors starts n processors (as n replicas would) and returns a stop
+// function that cancels them and waits for them to return.
+func runProcessors(t testing.TB, in *idempotent.Inbox, h idempotent.ProcessFunc, cfg idempotent.ProcessorConfig, n int) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range n {
+		p, err := in.NewProcessor(h, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			if err := p.Run(ctx); err != nil {
+				t.Errorf("processor: %v", err)
+			}
+		})
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// row is an inbox row's bookkeeping.
+type row struct {
+	Status        string
+	Attempts      int
+	LastError     *string
+	NextAttemptAt time.Time
+	LastAttemptAt *time.Time
+	ProcessedAt   *time.Time
+}
+
+func inboxRow(t testing.TB, pool *pgxpool.Pool, consumer string, id uuid.UUID) row {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT status, attempts, last_error, next_attempt_at, last_attempt_at, processed_at
+		FROM inbox WHERE consumer = $1 AND message_id = $2`, consumer, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		t.Fatalf("inbox row %s: %v", id, err)
+	}
+	return r
+}
+
+func receive(t testing.TB, in *idempotent.Inbox, e events.Envelope) {
+	t.Helper()
+	stored, err := in.Receive(context.Background(), e, idempotent.ByAggregate(e))
+	if err != nil || !stored {
+		t.Fatalf("receive %s: stored=%v err=%v", e.EventID, stored, err)
+	}
+}
+
+// appliedVersions returns, per key, the versions in the order they were applied.
+func appliedVersions(t testing.TB, pool *pgxpool.Pool) map[string][]int64 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT ordering_key, version FROM applied ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]int64{}
+	var k string
+	var v int64
+	if _, err := pgx.ForEachRow(rows, []any{&k, &v}, func() error { out[k] = append(out[k], v); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+var errFlaky = errors.New("provider unavailable")
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

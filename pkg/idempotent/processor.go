@@ -1,0 +1,557 @@
+package idempotent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectively-once/payments-cashback/pkg/events"
+)
+
+// ProcessFunc applies one stored event. Like an Effect it must do its work
+// through tx only: tx belongs to the transaction that also marks the row
+// DONE, so the effect and the DONE mark commit together or not at all. It
+// may run more than once for the same event (after an error, a crash, or a
+// lost connection), but never twice at the same time and never again once
+// the row is DONE. It must not Commit or Rollback tx (those return an
+// error); return an error to undo its writes.
+//
+// A returned error counts the attempt and schedules the next one by
+// backoff; an error marked permanent (Permanent, or any Permanent() bool
+// method returning true) fails the row at once. A panic counts as an error.
+type ProcessFunc func(ctx context.Context, tx pgx.Tx, e events.Envelope) error
+
+// ProcessorConfig tunes a Processor. Zero values take the defaults in brackets.
+type ProcessorConfig struct {
+	// Workers is how many claim-apply loops run in this process [1].
+	// Replicas add their own; rows never run twice at once whatever the total.
+	Workers int
+	// BatchSize is how many rows (heads of distinct keys) one claim takes
+	// [10]. They are applied in one transaction, one savepoint each, so one
+	// COMMIT covers the batch; a slow handler delays its batch-mates' commit,
+	// so use a small BatchSize when handlers are slow.
+	BatchSize int
+	// PollInterval is how long an idle worker sleeps before looking again
+	// [500ms]. Rows stored through this process's Inbox wake a worker at once.
+	PollInterval time.Duration
+	// MaxAttempts is how many attempts a row gets before it is FAILED [10].
+	MaxAttempts int
+	// RetryBase and RetryMax shape the backoff [1s, 10m]: after attempt n
+	// the row waits a uniform draw from [d/2, d], d = min(RetryMax,
+	// RetryBase*2^(n-1)).
+	RetryBase, RetryMax time.Duration
+	// ReorderWindow holds a key's head back until it has been in the inbox
+	// this long [0]: two events of a key that arrive out of order less than
+	// ReorderWindow apart are still applied in order, at the price of that
+	// much latency.
+	ReorderWindow time.Duration
+	// ShutdownGrace bounds how long a batch in progress may run on after
+	// Run's context is cancelled [30s]; past it the batch is rolled back and
+	// its rows retried later.
+	ShutdownGrace time.Duration
+	// Logger [the Inbox's].
+	Logger *slog.Logger
+}
+
+func (c *ProcessorConfig) defaults(in *Inbox) {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if c.Workers <= 0 {
+		c.Workers = 1
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 10
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 10
+	}
+	def(&c.PollInterval, 500*time.Millisecond)
+	def(&c.RetryBase, time.Second)
+	def(&c.RetryMax, 10*time.Minute)
+	def(&c.ShutdownGrace, 30*time.Second)
+	if c.ReorderWindow < 0 {
+		c.ReorderWindow = 0
+	}
+	if c.Logger == nil {
+		c.Logger = in.log
+	}
+}
+
+// Processor applies an Inbox's stored rows.
+//
+// # Order
+//
+// Rows that share an ordering key are applied one at a time in the order
+// (aggregate_version, occurred_at, event_id), not in arrival order: only a
+// key's head, its first row that is not DONE, may run, and the next row of
+// the key becomes the head only when the head's DONE commits. Different keys
+// run in parallel, across workers and replicas. Consequences, by design:
+//   - a FAILED row blocks the rest of its key (applying them would break the
+//     order) until an operator replays it; inbox_failed and `inboxctl failed`
+//     (with its BLOCKED column) show it;
+//   - a PENDING head waiting for its backoff holds back its key too;
+//   - order is among the rows present: a row that arrives after a later row
+//     of its key was already applied (a v1 stored after v2 is DONE) is still
+//     applied, late. The inbox cannot un-apply v2, so the handler's version
+//     check (a versioned write, rule 5) must make the stale v1 a no-op.
+//     ReorderWindow narrows that case for events that arrive close together.
+//
+// # Claims
+//
+// An attempt is two transactions. The claim, one autocommitted statement,
+// picks due heads FOR UPDATE SKIP LOCKED, counts the attempt (attempts+1)
+// and moves next_attempt_at forward by the attempt's backoff; it commits
+// before the handler runs. The apply transaction then locks the claimed rows
+// again (SKIP LOCKED, and only if attempts still matches, so a row claimed
+// by someone else meanwhile is dropped), runs the handler per row in a
+// savepoint, marks the successes DONE and the failures for retry or FAILED,
+// and commits once. Hence:
+//   - a crash or lost connection at any point rolls back the effect (the
+//     apply transaction dies with its session) but keeps the counted
+//     attempt; the row is retried when its backoff expires, and a row that
+//     keeps killing its processor ends FAILED after MaxAttempts instead of
+//     looping forever. No rescuer process is needed: the pushed-forward
+//     next_attempt_at is the lease, and it expires by itself;
+//   - running work is never replayed, however slow the handler: while it
+//     runs, its apply transaction holds the row lock, so a claim that finds
+//     the row due again (its backoff ran out) skips it. The usual trade-off of
+//     a lease ("a lease shorter than the slowest handler replays running
+//     work") does not arise; the cost is that a handler holds one pooled
+//     connection and an open transaction while it runs, which the effect's
+//     own transaction needs anyway;
+//   - attempts counts every attempt that started, the successful one too: a
+//     handler that fails 3 times and then succeeds leaves attempts = 4.
+type Processor struct {
+	in      *Inbox
+	handler ProcessFunc
+	cfg     ProcessorConfig
+	log     *slog.Logger
+	tracer  trace.Tracer
+
+	onceMu     sync.Mutex
+	onceCursor string // ProcessOnce's place in the key walk
+}
+
+// NewProcessor returns a Processor that applies this inbox's rows with h.
+func (in *Inbox) NewProcessor(h ProcessFunc, cfg ProcessorConfig) (*Processor, error) {
+	if h == nil {
+		return nil, errors.New("idempotent: inbox processor needs a handler")
+	}
+	cfg.defaults(in)
+	return &Processor{in: in, handler: h, cfg: cfg, log: cfg.Logger, tracer: otel.Tracer(meterName)}, nil
+}
+
+// Run applies rows until ctx is cancelled, then lets the batches in progress
+// finish (up to ShutdownGrace) and returns nil.
+func (p *Processor) Run(ctx context.Context) error {
+	// Batches outlive ctx by up to ShutdownGrace, so a clean shutdown does
+	// not throw away work that is about to commit.
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	var wg sync.WaitGroup
+	for range p.cfg.Workers {
+		wake := make(chan struct{}, 1)
+		p.in.addWake(wake)
+		wg.Go(func() {
+			defer p.in.removeWake(wake)
+			p.loop(ctx, work, wake)
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	select {
+	case <-done:
+	case <-time.After(p.cfg.ShutdownGrace):
+		p.log.Warn("inbox processor: shutdown grace over, rolling back the batches in progress; they will be retried")
+		stopWork()
+		<-done
+	}
+	return nil
+}
+
+func (p *Processor) loop(ctx, work context.Context, wake <-chan struct{}) {
+	var cursor string
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for ctx.Err() == nil {
+		n, err := p.once(work, &cursor)
+		if err != nil && ctx.Err() == nil {
+			p.log.Error("inbox processor: batch failed; its rows will be retried after their backoff", "error", err)
+		}
+		if err == nil && n > 0 {
+			continue // there may be more right away
+		}
+		timer.Reset(p.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// ProcessOnce claims and applies at most one batch and returns how many rows
+// it claimed (0: nothing was due). Run calls it in a loop; tests and tools
+// may call it directly.
+func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
+	p.onceMu.Lock()
+	defer p.onceMu.Unlock()
+	return p.once(ctx, &p.onceCursor)
+}
+
+// claimedRow is one row the claim statement returned.
+type claimedRow struct {
+	MessageID        uuid.UUID
+	Status           string
+	Attempts         int
+	OrderingKey      string
+	EventType        string
+	AggregateID      string
+	AggregateVersion int64
+	OccurredAt       time.Time
+	Payload          []byte
+	Traceparent      *string
+	LastError        *string
+}
+
+func (r *claimedRow) envelope() events.Envelope {
+	return events.Envelope{EventID: r.MessageID, EventType: r.EventType, AggregateID: r.AggregateID,
+		AggregateVersion: r.AggregateVersion, OccurredAt: r.OccurredAt.UTC(), Payload: json.RawMessage(r.Payload)}
+}
+
+func (p *Processor) once(ctx context.Context, cursor *string) (int, error) {
+	rows, err := p.claim(ctx, *cursor)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	*cursor = nextCursor(*cursor, rows)
+	live := make([]claimedRow, 0, len(rows))
+	for _, r := range rows {
+		if r.Status == "FAILED" {
+			p.in.processed.Add(ctx, 1, metric.WithAttributes(p.in.attrConsumer, attribute.String("outcome", "failed")))
+			p.log.Error("inbox row FAILED: its last attempt never finished (processor crashed or lost its connection); it blocks its key until replayed",
+				"event_id", r.MessageID, "event_type", r.EventType, "ordering_key", r.OrderingKey, "attempts", r.Attempts)
+			continue
+		}
+		live = append(live, r)
+	}
+	if len(live) > 0 {
+		if err := p.apply(ctx, live); err != nil {
+			return len(rows), err
+		}
+	}
+	return len(rows), nil
+}
+
+// nextCursor is where the next walk starts: after the last key claimed, in
+// the walk's circular order (keys after cursor first, then the wrap-around).
+// Starting each claim where the last one stopped keeps the keys fair: under
+// load, the keys that sort first cannot starve the others.
+func nextCursor(cursor string, rows []claimedRow) string {
+	var after, before string
+	for _, r := range rows {
+		k := r.OrderingKey
+		if k > cursor {
+			after = max(after, k)
+		} else {
+			before = max(before, k)
+		}
+	}
+	if before != "" {
+		return before
+	}
+	return after
+}
+
+// walkSQL is a loose index scan over inbox_unfinished: each step jumps from
+// one key's head (its first unfinished row in apply order) straight to the
+// next key's head, so a claim costs one index probe per key visited, however
+// many rows wait behind each head. %[1]s names the walk, %[2]s bounds its
+// keys.
+const walkSQL = `%[1]s AS (
+	(SELECT i.ordering_key, i.message_id, i.status, i.received_at, i.next_attempt_at
+	   FROM inbox i
+	  WHERE i.consumer = @consumer AND i.status IN ('PENDING', 'FAILED') AND %[2]s
+	  ORDER BY i.ordering_key, i.aggregate_version, i.occurred_at, i.message_id
+	  LIMIT 1)
+	UNION ALL
+	SELECT n.* FROM %[1]s h CROSS JOIN LATERAL (
+	 SELECT i.ordering_key, i.message_id, i.status, i.received_at, i.next_attempt_at
+	   FROM inbox i
+	  WHERE i.consumer = @consumer AND i.status IN ('PENDING', 'FAILED') AND %[2]s
+	    AND i.ordering_key > h.ordering_key
+	  ORDER BY i.ordering_key, i.aggregate_version, i.occurred_at, i.message_id
+	  LIMIT 1) n)`
+
+// backoffSQL is now() plus the jittered backoff after attempt %s: a uniform
+// draw from [d/2, d], d = min(RetryMax, RetryBase*2^(n-1)), in float8
+// seconds with the exponent capped (interval arithmetic would overflow).
+const backoffSQL = `clock_timestamp() + make_interval(secs =>
+	least(@retry_max::float8, @retry_base::float8 * power(2::float8, least(greatest(%s - 1, 0), 60)))
+	* (0.5 + random() / 2))`
+
+// claimSQL walks the heads from the cursor to the end (tail) and then from
+// the start up to the cursor (front), keeps the due PENDING ones (a FAILED
+// head, or one waiting for its backoff, holds its key), locks them with SKIP
+// LOCKED and counts the attempt. The due and lock conditions are repeated in
+// "mine" so that a row another claim updated meanwhile is re-checked on its
+// new version. A head whose attempts are already exhausted was claimed by a
+// processor that never finished: it turns FAILED here instead of running
+// again.
+var claimSQL = `WITH RECURSIVE ` +
+	fmt.Sprintf(walkSQL, "tail", "i.ordering_key > @after") + `,
+	` + fmt.Sprintf(walkSQL, "front", "i.ordering_key <= @after") + `,
+due AS (
+	SELECT message_id FROM (SELECT * FROM tail UNION ALL SELECT * FROM front) heads
+	 WHERE status = 'PENDING' AND next_attempt_at <= now() AND received_at <= now() - @reorder_window::interval
+	 LIMIT @limit * 2),
+mine AS (
+	SELECT i.message_id FROM inbox i
+	 WHERE i.consumer = @consumer AND i.message_id IN (SELECT message_id FROM due)
+	   AND i.status = 'PENDING' AND i.next_attempt_at <= now()
+	 LIMIT @limit
+	   FOR UPDATE SKIP LOCKED)
+UPDATE inbox i SET
+	attempts        = CASE WHEN i.attempts < @max_attempts THEN i.attempts + 1 ELSE i.attempts END,
+	status          = CASE WHEN i.attempts < @max_attempts THEN 'PENDING' ELSE 'FAILED' END,
+	last_attempt_at = CASE WHEN i.attempts < @max_attempts THEN now() ELSE i.last_attempt_at END,
+	next_attempt_at = CASE WHEN i.attempts < @max_attempts THEN ` + fmt.Sprintf(backoffSQL, "i.attempts + 1") + `
+	                       ELSE i.next_attempt_at END,
+	last_error      = CASE WHEN i.attempts < @max_attempts THEN i.last_error
+	                       ELSE format('attempt %s never finished (processor crashed or lost its connection); last error: %s',
+	                                   i.attempts, coalesce(i.last_error, 'none')) END
+FROM mine
+WHERE i.consumer = @consumer AND i.message_id = mine.message_id
+RETURNING i.message_id, i.status, i.attempts, i.ordering_key, i.event_type, i.aggregate_id,
+	i.aggregate_version, i.occurred_at, i.payload, i.traceparent, i.last_error`
+
+func (p *Processor) claim(ctx context.Context, after string) ([]claimedRow, error) {
+	rows, err := p.in.pool.Query(ctx, claimSQL, pgx.NamedArgs{
+		"consumer":       p.in.consumer,
+		"after":          after,
+		"limit":          p.cfg.BatchSize,
+		"reorder_window": p.cfg.ReorderWindow,
+		"max_attempts":   p.cfg.MaxAttempts,
+		"retry_base":     p.cfg.RetryBase.Seconds(),
+		"retry_max":      p.cfg.RetryMax.Seconds(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: inbox %s: claim: %w", p.in.consumer, err)
+	}
+	claimed, err := pgx.CollectRows(rows, pgx.RowToStructByPos[claimedRow])
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: inbox %s: claim: %w", p.in.consumer, err)
+	}
+	return claimed, nil
+}
+
+// result is how one row's attempt ended inside the apply transaction.
+type result struct {
+	row *claimedRow
+	err error // nil: DONE
+}
+
+// apply runs the claimed rows in one transaction and commits their outcomes
+// together. An error return means the transaction did not commit: no effect
+// and no outcome was recorded, and the rows are retried after the backoff the
+// claim set.
+func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
+	tx, err := p.in.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("idempotent: inbox %s: begin: %w", p.in.consumer, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	ids := make([]uuid.UUID, len(claimed))
+	attempts := make([]int32, len(claimed))
+	for i, r := range claimed {
+		ids[i], attempts[i] = r.MessageID, int32(r.Attempts)
+	}
+	rows, err := tx.Query(ctx, `SELECT i.message_id FROM inbox i
+		JOIN unnest($2::uuid[], $3::int4[]) AS c(id, attempts) ON i.message_id = c.id AND i.attempts = c.attempts
+		WHERE i.consumer = $1 AND i.status = 'PENDING'
+		FOR UPDATE OF i SKIP LOCKED`, p.in.consumer, ids, attempts)
+	if err != nil {
+		return fmt.Errorf("idempotent: inbox %s: lock claimed rows: %w", p.in.consumer, err)
+	}
+	locked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return fmt.Errorf("idempotent: inbox %s: lock claimed rows: %w", p.in.consumer, err)
+	}
+	owned := make(map[uuid.UUID]bool, len(locked))
+	for _, id := range locked {
+		owned[id] = true
+	}
+
+	results := make([]result, 0, len(locked))
+	for i := range claimed {
+		r := &claimed[i]
+		if !owned[r.MessageID] {
+			// Its claim ran out before we got here and another processor
+			// claimed it again: that one applies it.
+			p.log.Debug("inbox row taken over by another claim", "event_id", r.MessageID)
+			continue
+		}
+		herr, err := p.applyRow(ctx, tx, r)
+		if err != nil {
+			return err
+		}
+		results = append(results, result{row: r, err: herr})
+	}
+	if len(results) == 0 {
+		return nil
+	}
+	outcomes, err := p.record(ctx, tx, results)
+	if err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("idempotent: inbox %s: commit: %w", p.in.consumer, err)
+	}
+	p.report(ctx, results, outcomes)
+	return nil
+}
+
+// applyRow runs the handler for r inside a savepoint of tx, so a failure
+// undoes this row's writes and nothing else. Deadlocks and serialization
+// failures are retried at once, twice, without counting an attempt. herr is
+// the handler's verdict; err means tx itself is broken and the batch is lost.
+func (p *Processor) applyRow(ctx context.Context, tx pgx.Tx, r *claimedRow) (herr, err error) {
+	for try := 0; ; try++ {
+		if _, err := tx.Exec(ctx, "SAVEPOINT inbox_row"); err != nil {
+			return nil, fmt.Errorf("idempotent: inbox %s: savepoint: %w", p.in.consumer, err)
+		}
+		herr = p.call(ctx, tx, r)
+		if herr == nil {
+			// RELEASE fails if the handler swallowed an error that aborted
+			// the transaction: that is the handler's failure, not ours.
+			if _, herr = tx.Exec(ctx, "RELEASE SAVEPOINT inbox_row"); herr == nil {
+				return nil, nil
+			}
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT inbox_row"); err != nil {
+			return herr, fmt.Errorf("idempotent: inbox %s: rollback to savepoint after %v: %w", p.in.consumer, herr, err)
+		}
+		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT inbox_row"); err != nil {
+			return herr, fmt.Errorf("idempotent: inbox %s: release savepoint: %w", p.in.consumer, err)
+		}
+		if !retryable(herr) || try == 2 {
+			return herr, nil
+		}
+	}
+}
+
+// call runs the handler with a span continuing the receive's trace, and
+// turns a panic into an error.
+func (p *Processor) call(ctx context.Context, tx pgx.Tx, r *claimedRow) (err error) {
+	if r.Traceparent != nil {
+		ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": *r.Traceparent})
+	}
+	ctx, span := p.tracer.Start(ctx, "inbox process "+r.EventType, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("event_id", r.MessageID.String()), attribute.String("consumer", p.in.consumer),
+			attribute.Int("attempt", r.Attempts)))
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("idempotent: inbox handler panicked: %v\n%s", v, debug.Stack())
+		}
+		if err != nil {
+			span.RecordError(err)
+		}
+		span.End()
+	}()
+	return p.handler(ctx, lentTx{tx}, r.envelope())
+}
+
+// lentTx is the transaction a handler gets: the processor decides how it
+// ends, so Commit and Rollback are refused. Nested Begin (a savepoint of the
+// handler's own) works as usual.
+type lentTx struct{ pgx.Tx }
+
+var errTxOwned = errors.New("idempotent: the inbox processor owns this transaction; return an error to roll back")
+
+func (lentTx) Commit(context.Context) error   { return errTxOwned }
+func (lentTx) Rollback(context.Context) error { return errTxOwned }
+
+// record writes every outcome of the batch in one statement: DONE, back to
+// PENDING with the next backoff, or FAILED with the error text.
+func (p *Processor) record(ctx context.Context, tx pgx.Tx, results []result) (map[uuid.UUID]string, error) {
+	ids := make([]uuid.UUID, len(results))
+	errs := make([]*string, len(results))
+	perm := make([]bool, len(results))
+	for i, res := range results {
+		ids[i] = res.row.MessageID
+		if res.err != nil {
+			msg := res.err.Error()
+			errs[i], perm[i] = &msg, IsPermanent(res.err)
+		}
+	}
+	rows, err := tx.Query(ctx, `UPDATE inbox i SET
+		status          = CASE WHEN r.error IS NULL THEN 'DONE'
+		                       WHEN r.permanent OR i.attempts >= @max_attempts THEN 'FAILED'
+		                       ELSE 'PENDING' END,
+		processed_at    = CASE WHEN r.error IS NULL THEN clock_timestamp() END,
+		next_attempt_at = CASE WHEN r.error IS NULL THEN i.next_attempt_at
+		                       ELSE `+fmt.Sprintf(backoffSQL, "i.attempts")+` END,
+		last_error      = coalesce(r.error, i.last_error)
+		FROM unnest(@ids::uuid[], @errors::text[], @permanent::bool[]) AS r(id, error, permanent)
+		WHERE i.consumer = @consumer AND i.message_id = r.id
+		RETURNING i.message_id, i.status`, pgx.NamedArgs{
+		"consumer": p.in.consumer, "ids": ids, "errors": errs, "permanent": perm,
+		"max_attempts": p.cfg.MaxAttempts, "retry_base": p.cfg.RetryBase.Seconds(), "retry_max": p.cfg.RetryMax.Seconds(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: inbox %s: record outcomes: %w", p.in.consumer, err)
+	}
+	statuses := make(map[uuid.UUID]string, len(results))
+	var id uuid.UUID
+	var status string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &status}, func() error { statuses[id] = status; return nil }); err != nil {
+		return nil, fmt.Errorf("idempotent: inbox %s: record outcomes: %w", p.in.consumer, err)
+	}
+	return statuses, nil
+}
+
+// report logs and counts a committed batch.
+func (p *Processor) report(ctx context.Context, results []result, statuses map[uuid.UUID]string) {
+	var done int64
+	for _, res := range results {
+		r := res.row
+		switch statuses[r.MessageID] {
+		case "DONE":
+			done++
+		case "FAILED":
+			p.in.processed.Add(ctx, 1, metric.WithAttributes(p.in.attrConsumer, attribute.String("outcome", "failed")))
+			p.log.ErrorContext(ctx, "inbox row FAILED: not applied; it blocks its key until an operator replays it",
+				"event_id", r.MessageID, "event_type", r.EventType, "ordering_key", r.OrderingKey,
+				"attempts", r.Attempts, "permanent", IsPermanent(res.err), "error", res.err)
+		default:
+			p.in.processed.Add(ctx, 1, metric.WithAttributes(p.in.attrConsumer, attribute.String("outcome", "retry")))
+			p.log.WarnContext(ctx, "inbox handler failed: rolled back, will retry after backoff",
+				"event_id", r.MessageID, "event_type", r.EventType, "attempts", r.Attempts, "error", res.err)
+		}
+	}
+	if done > 0 {
+		p.in.processed.Add(ctx, done, metric.WithAttributes(p.in.attrConsumer, attribute.String("outcome", "done")))
+	}
+}

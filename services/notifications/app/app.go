@@ -1,0 +1,184 @@
+// Package app wires the notifications service: schema, the rewards-events
+// subscriber storing into the inbox (acked at once), the inbox processor
+// recording SMS intents, the sender driving PENDING → SENDING → SENT, and
+// the HTTP API. main.go only loads the configuration and runs the tasks;
+// tests build the same App against the test stack.
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/pkg/migrate"
+	"github.com/effectively-once/payments-cashback/pkg/service"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/services/notifications/api"
+	"github.com/effectively-once/payments-cashback/services/notifications/intent"
+	"github.com/effectively-once/payments-cashback/services/notifications/migrations"
+	"github.com/effectively-once/payments-cashback/services/notifications/sender"
+	"github.com/effectively-once/payments-cashback/services/notifications/sms"
+)
+
+// ConsumerName scopes this service's inbox keys.
+const ConsumerName = "notifications"
+
+// Config is the service's environment.
+type Config struct {
+	DatabaseURL  string `env:"NOTIFICATIONS_DATABASE_URL,required,notEmpty"`
+	Port         string `env:"PORT" envDefault:"8083"`
+	RewardsQueue string `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
+	// Concurrency is how many rewards-events messages are received at once.
+	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
+	// DedupeRetention is the inbox's dedupe window (>= SQS's 14 days + 1).
+	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
+
+	SMSProviderURL     string        `env:"SMS_PROVIDER_URL" envDefault:"http://127.0.0.1:8090"`
+	SMSProviderTimeout time.Duration `env:"SMS_PROVIDER_TIMEOUT" envDefault:"10s"`
+	// SMSProviderLookup false hides the provider's lookup capability: unknown
+	// outcomes are then resolved by the SENDING_POLICY_* of their kind.
+	SMSProviderLookup bool `env:"SMS_PROVIDER_LOOKUP" envDefault:"true"`
+
+	// SendingLease: a row SENDING longer than this is reconciled.
+	SendingLease    time.Duration `env:"SENDING_LEASE" envDefault:"60s"`
+	SendMaxAttempts int           `env:"SEND_MAX_ATTEMPTS" envDefault:"8"`
+	SendRetryBase   time.Duration `env:"SEND_RETRY_BASE" envDefault:"1s"`
+	SendRetryMax    time.Duration `env:"SEND_RETRY_MAX" envDefault:"5m"`
+	SendConcurrency int           `env:"SEND_CONCURRENCY" envDefault:"4"`
+	// What to do with a message whose send outcome is unknown when the
+	// provider cannot be asked (see package sender): resend | skip.
+	PolicyCashback         string `env:"SENDING_POLICY_CASHBACK" envDefault:"resend"`
+	PolicyCashbackReversed string `env:"SENDING_POLICY_CASHBACK_REVERSED" envDefault:"resend"`
+
+	QueueWait time.Duration `env:"QUEUE_WAIT" envDefault:"2m"`
+	// Tuning for tests; zero values take the library defaults.
+	Subscriber sqstransport.SubscriberConfig `env:"-"`
+	Processor  idempotent.ProcessorConfig    `env:"-"`
+	SenderPoll time.Duration                 `env:"-"`
+	Provider   sms.Provider                  `env:"-"` // nil: the HTTP client of SMS_PROVIDER_URL
+}
+
+// Policies turns the SENDING_POLICY_* settings into the sender's map.
+func (c Config) Policies() (map[string]sender.Policy, error) {
+	out := map[string]sender.Policy{}
+	for kind, v := range map[string]string{
+		intent.KindCashback:         c.PolicyCashback,
+		intent.KindCashbackReversed: c.PolicyCashbackReversed,
+	} {
+		p, err := sender.ParsePolicy(v)
+		if err != nil {
+			return nil, fmt.Errorf("SENDING_POLICY for %s: %w", kind, err)
+		}
+		out[kind] = p
+	}
+	return out, nil
+}
+
+// App is the wired service.
+type App struct {
+	Sender *sender.Sender
+	Inbox  *idempotent.Inbox
+	Router http.Handler
+
+	subscriber *sqstransport.Subscriber
+	processor  *idempotent.Processor
+	addr       string
+	log        *slog.Logger
+}
+
+// Migrate applies the schema: the inbox (pkg/idempotent) and notifications.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := idempotent.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	return migrate.Up(ctx, pool, migrations.FS, migrations.VersionTable)
+}
+
+// New migrates the database and wires everything; nothing runs until the
+// tasks do.
+func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client, metrics http.Handler, log *slog.Logger) (*App, error) {
+	policies, err := cfg.Policies()
+	if err != nil {
+		return nil, err
+	}
+	if err := Migrate(ctx, pool); err != nil {
+		return nil, err
+	}
+	provider := cfg.Provider
+	if provider == nil {
+		provider = sms.NewHTTPProvider(cfg.SMSProviderURL, cfg.SMSProviderTimeout)
+	}
+	if !cfg.SMSProviderLookup {
+		provider = sms.WithoutLookup(provider)
+	}
+	snd, err := sender.New(pool, provider, sender.Config{
+		Concurrency: cfg.SendConcurrency, PollInterval: cfg.SenderPoll, SendTimeout: cfg.SMSProviderTimeout,
+		Lease: cfg.SendingLease, MaxAttempts: cfg.SendMaxAttempts, RetryBase: cfg.SendRetryBase, RetryMax: cfg.SendRetryMax,
+		Policies: policies, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("sender configured", "provider_lookup", snd.CanLookup(), "policies", policies, "lease", cfg.SendingLease)
+
+	inbox, err := idempotent.NewInbox(pool, ConsumerName, idempotent.InboxConfig{Retention: cfg.DedupeRetention, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	pc := cfg.Processor
+	pc.Logger = log
+	proc, err := inbox.NewProcessor(intent.Handler, pc)
+	if err != nil {
+		return nil, err
+	}
+
+	queueURL, err := service.QueueURL(ctx, client, cfg.RewardsQueue, cfg.QueueWait, log)
+	if err != nil {
+		return nil, err
+	}
+	sc := cfg.Subscriber
+	sc.QueueURL, sc.Concurrency, sc.Logger = queueURL, cfg.Concurrency, log
+	sub, err := sqstransport.NewSubscriber(client, sc, receiver(inbox))
+	if err != nil {
+		return nil, err
+	}
+
+	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping})
+	api.Routes(r, pool)
+	return &App{Sender: snd, Inbox: inbox, Router: r, subscriber: sub, processor: proc,
+		addr: service.ListenAddr(cfg.Port), log: log}, nil
+}
+
+// receiver stores each delivery in the inbox and acks it at once. Events
+// this service cannot turn into a notification (unknown type, unusable
+// payload) are refused before they are stored, so the subscriber parks
+// them in the DLQ instead of leaving a FAILED row that blocks its key.
+func receiver(inbox *idempotent.Inbox) sqstransport.Handler {
+	store := inbox.Receiver(idempotent.ByAggregate)
+	return func(ctx context.Context, d sqstransport.Delivery) error {
+		if _, err := intent.Build(d.Envelope); err != nil {
+			return err // permanent
+		}
+		return store(ctx, d.Envelope)
+	}
+}
+
+// Tasks are the service's long-running parts, for service.Run.
+func (a *App) Tasks() []service.Task {
+	return append([]service.Task{service.HTTPTask(a.addr, a.Router, a.log)}, a.Workers()...)
+}
+
+// Workers are Tasks without the HTTP server (tests serve Router themselves).
+func (a *App) Workers() []service.Task {
+	return []service.Task{
+		{Name: "subscriber rewards-events (inbox receiver)", Run: a.subscriber.Run},
+		{Name: "inbox processor", Run: a.processor.Run},
+		{Name: "sms sender", Run: a.Sender.Run},
+	}
+}

@@ -1,0 +1,120 @@
+// Package intent turns cashback events into SMS intents: one
+// notifications row per (event, channel), status PENDING, with the
+// idempotency key every provider call for it will carry. Recording is a
+// database write inside the caller's transaction and nothing else: the
+// provider is called later by the sender, never while applying an event.
+package intent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+)
+
+// Channel is the only channel so far.
+const Channel = "sms"
+
+// Message kinds: each has its own SENDING policy (see package sender).
+const (
+	KindCashback         = "cashback"          // CashbackCredited
+	KindCashbackReversed = "cashback_reversed" // CashbackReversed
+)
+
+// Kinds lists every kind, for configuration.
+var Kinds = []string{KindCashback, KindCashbackReversed}
+
+// Key is the provider idempotency key of the SMS for an event (rule 6):
+// derived from the event id, so every attempt, by any sender, after any
+// crash, carries the same one.
+func Key(eventID uuid.UUID) string { return "sms:" + eventID.String() }
+
+// cashbackPayload is the part of CashbackCredited / CashbackReversed this
+// service reads (services/rewards/cashback writes them).
+type cashbackPayload struct {
+	PaymentID   string `json:"payment_id"`
+	UserID      string `json:"user_id"`
+	AmountPaise int64  `json:"amount_paise"`
+	Recipient   string `json:"recipient"`
+}
+
+// Intent is what Record stores.
+type Intent struct {
+	EventID   uuid.UUID
+	EventType string
+	Kind      string
+	Recipient string
+	Body      string
+}
+
+// Build derives the SMS intent of an event. Unknown event types and
+// unusable payloads are permanent errors.
+func Build(e events.Envelope) (Intent, error) {
+	var p cashbackPayload
+	if err := json.Unmarshal(e.Payload, &p); err != nil {
+		return Intent{}, sqstransport.Permanent(fmt.Errorf("%s payload: %w", e.EventType, err))
+	}
+	if p.PaymentID == "" {
+		p.PaymentID = e.AggregateID
+	}
+	to := p.Recipient
+	if to == "" {
+		to = p.UserID
+	}
+	if to == "" {
+		return Intent{}, sqstransport.Permanent(fmt.Errorf("%s payload: no recipient nor user_id", e.EventType))
+	}
+	in := Intent{EventID: e.EventID, EventType: e.EventType, Recipient: to}
+	switch e.EventType {
+	case events.CashbackCredited:
+		in.Kind = KindCashback
+		in.Body = fmt.Sprintf("You got %s cashback on payment %s. It is in your wallet.", Rupees(p.AmountPaise), p.PaymentID)
+	case events.CashbackReversed:
+		in.Kind = KindCashbackReversed
+		in.Body = fmt.Sprintf("The %s cashback on payment %s was reversed: the payment was refunded.", Rupees(p.AmountPaise), p.PaymentID)
+	default:
+		return Intent{}, sqstransport.Permanent(fmt.Errorf("notifications does not handle event type %q", e.EventType))
+	}
+	return in, nil
+}
+
+// Rupees formats paise as "₹1,234.56".
+func Rupees(paise int64) string {
+	sign := ""
+	if paise < 0 {
+		sign, paise = "-", -paise
+	}
+	whole := fmt.Sprint(paise / 100)
+	for i := len(whole) - 3; i > 0; i -= 3 {
+		whole = whole[:i] + "," + whole[i:]
+	}
+	return fmt.Sprintf("%s₹%s.%02d", sign, whole, paise%100)
+}
+
+// Record stores the SMS intent of e in tx, once: a second call for the
+// same event inserts nothing (UNIQUE (event_id, channel), behind the
+// inbox's own dedupe) and reports recorded = false.
+func Record(ctx context.Context, tx pgx.Tx, e events.Envelope) (recorded bool, err error) {
+	in, err := Build(e)
+	if err != nil {
+		return false, err
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO notifications (event_id, event_type, channel, kind, recipient, body, idempotency_key)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (event_id, channel) DO NOTHING`,
+		in.EventID, in.EventType, Channel, in.Kind, in.Recipient, in.Body, Key(in.EventID))
+	if err != nil {
+		return false, fmt.Errorf("record notification intent: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Handler adapts Record to the inbox processor's handler signature.
+func Handler(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
+	_, err := Record(ctx, tx, e)
+	return err
+}

@@ -1,0 +1,438 @@
+// Package sender drives notifications rows through
+// PENDING → SENDING → SENT (or FAILED), calling the SMS provider with the
+// row's idempotency key (sms:<event_id>).
+//
+// One pass of the loop:
+//
+//  1. Claim: one autocommitted UPDATE moves up to Concurrency due PENDING
+//     rows to SENDING (FOR UPDATE SKIP LOCKED, so replicas never wait on
+//     each other), stamping each with a fresh claim_id and sending_since:
+//     the lease. The SENDING state is durable BEFORE the provider is called.
+//  2. Send: each claimed row is sent with its idempotency key, bounded by
+//     SendTimeout (the provider hanging costs one timeout, never the loop).
+//     failpoint.Hit(failpoint.InSending) runs right after the call returns,
+//     before anything is recorded: the crash window the reconciler covers.
+//  3. Record, fenced by claim_id (a sender that lost its lease changes
+//     nothing): accepted → SENT with the provider's message id; rejected →
+//     FAILED; retryable → PENDING with next_attempt_at backed off, or
+//     FAILED once MaxAttempts calls have been made; unknown outcome
+//     (timeout, connection lost) → resolved as below, at once.
+//
+// Reconcile: a row still SENDING after Lease belongs to a sender that died
+// between steps 1 and 3. The reconciler takes over its lease and resolves
+// the unknown outcome:
+//
+//   - the provider can look messages up by key (sms.Looker): found → SENT
+//     with that message id, no second send; not found → PENDING, resent
+//     with the same key; lookup failed → left SENDING for the next lease;
+//   - it cannot: the row's kind decides (Policies, explicit per kind):
+//     PolicyResend → PENDING, resent with the same key (a provider that
+//     honours keys delivers once; one that does not may deliver twice);
+//     PolicySkip → FAILED, reason "unknown outcome" (maybe never delivered,
+//     never delivered twice).
+//
+// Lease must exceed SendTimeout (New enforces twice as much), so a live
+// sender always finishes or times out before a reconciler can take its row.
+package sender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/services/notifications/sms"
+)
+
+// Policy says what to do with a message whose send outcome is unknown when
+// the provider cannot be asked.
+type Policy string
+
+const (
+	// PolicyResend sends it again with the same idempotency key.
+	PolicyResend Policy = "resend"
+	// PolicySkip gives up: FAILED with reason "unknown outcome".
+	PolicySkip Policy = "skip"
+)
+
+// ParsePolicy accepts "resend" and "skip".
+func ParsePolicy(s string) (Policy, error) {
+	switch p := Policy(s); p {
+	case PolicyResend, PolicySkip:
+		return p, nil
+	}
+	return "", fmt.Errorf("sending policy %q: want resend or skip", s)
+}
+
+// ReasonUnknownOutcome is the failure_reason of a row skipped by PolicySkip.
+const ReasonUnknownOutcome = "unknown outcome"
+
+// Config tunes a Sender. Zero values take the defaults in brackets.
+type Config struct {
+	// Concurrency is how many rows one pass claims and sends at once [4].
+	Concurrency int
+	// PollInterval is the pause when there is nothing due [250ms].
+	PollInterval time.Duration
+	// SendTimeout bounds one provider call (and one lookup) [10s].
+	SendTimeout time.Duration
+	// Lease is how long a row may stay SENDING before the reconciler treats
+	// its sender as dead [60s]; at least 2×SendTimeout.
+	Lease time.Duration
+	// MaxAttempts is how many provider calls a message gets before it is
+	// FAILED [8].
+	MaxAttempts int
+	// RetryBase and RetryMax bound the backoff after a failed call [1s, 5m]:
+	// next_attempt_at = now + min(RetryMax, RetryBase·2^(attempts-1)), ±25 %.
+	RetryBase, RetryMax time.Duration
+	// Policies is the unknown-outcome policy per message kind, used when the
+	// provider has no Lookup; kinds not listed get DefaultPolicy [resend].
+	Policies      map[string]Policy
+	DefaultPolicy Policy
+	Logger        *slog.Logger
+}
+
+func (c *Config) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 4
+	}
+	def(&c.PollInterval, 250*time.Millisecond)
+	def(&c.SendTimeout, 10*time.Second)
+	def(&c.Lease, 60*time.Second)
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 8
+	}
+	def(&c.RetryBase, time.Second)
+	def(&c.RetryMax, 5*time.Minute)
+	if c.DefaultPolicy == "" {
+		c.DefaultPolicy = PolicyResend
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Sender sends the notifications of one database.
+type Sender struct {
+	pool     *pgxpool.Pool
+	provider sms.Provider
+	looker   sms.Looker // nil: the provider cannot look messages up
+	cfg      Config
+	log      *slog.Logger
+
+	outcomes, calls, reconciled metric.Int64Counter
+	wake                        chan struct{}
+}
+
+// New returns a Sender calling provider. If provider also implements
+// sms.Looker, unknown outcomes are resolved by lookup; otherwise by policy.
+func New(pool *pgxpool.Pool, provider sms.Provider, cfg Config) (*Sender, error) {
+	cfg.defaults()
+	if cfg.Lease < 2*cfg.SendTimeout {
+		return nil, fmt.Errorf("sender: lease %v must be at least twice the send timeout %v", cfg.Lease, cfg.SendTimeout)
+	}
+	for kind, p := range cfg.Policies {
+		if _, err := ParsePolicy(string(p)); err != nil {
+			return nil, fmt.Errorf("sender: kind %s: %w", kind, err)
+		}
+	}
+	s := &Sender{pool: pool, provider: provider, cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1)}
+	s.looker, _ = provider.(sms.Looker)
+	m := otel.Meter("github.com/effectively-once/payments-cashback/services/notifications")
+	var err error
+	for _, c := range []struct {
+		dst        *metric.Int64Counter
+		name, desc string
+	}{
+		{&s.outcomes, "notifications_transitions_total", "Notification state changes made by the sender, by new status and reason."},
+		{&s.calls, "notifications_provider_calls_total", "Provider send calls, by result (accepted, rejected, retryable, unknown)."},
+		{&s.reconciled, "notifications_reconciled_total", "SENDING rows with an unknown outcome resolved, by how (lookup_found, lookup_missing, lookup_failed, resend, skip)."},
+	} {
+		if *c.dst, err = m.Int64Counter(c.name, metric.WithDescription(c.desc)); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// CanLookup reports whether unknown outcomes are resolved by lookup.
+func (s *Sender) CanLookup() bool { return s.looker != nil }
+
+// PolicyFor is the unknown-outcome policy of a message kind.
+func (s *Sender) PolicyFor(kind string) Policy {
+	if p, ok := s.cfg.Policies[kind]; ok {
+		return p
+	}
+	return s.cfg.DefaultPolicy
+}
+
+// Wake asks the loop for a pass now (a hint; polling stays the truth).
+func (s *Sender) Wake() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run sends and reconciles until ctx is cancelled. Calls in flight when
+// ctx ends are finished (each is bounded by SendTimeout) and recorded, so
+// a clean shutdown leaves no row SENDING. It returns nil on cancellation.
+func (s *Sender) Run(ctx context.Context) error {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		if _, err := s.ReconcileOnce(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("notifications reconcile failed", "error", err)
+		}
+		n, err := s.SendOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			s.log.Error("notifications send pass failed", "error", err)
+		}
+		if err == nil && n == s.cfg.Concurrency {
+			continue // a full batch: probably more due
+		}
+		timer.Reset(s.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// row is a claimed notification.
+type row struct {
+	ID        int64
+	EventID   uuid.UUID
+	Kind      string
+	Recipient string
+	Body      string
+	Key       string
+	Attempts  int
+	ClaimID   uuid.UUID
+}
+
+const returning = `RETURNING id, event_id, kind, recipient, body, idempotency_key, attempts, claim_id`
+
+// SendOnce claims up to Concurrency due PENDING rows, sends them and
+// records the outcomes. It returns how many it claimed.
+func (s *Sender) SendOnce(ctx context.Context) (int, error) {
+	rows, err := s.pool.Query(ctx, `
+		UPDATE notifications SET status = 'SENDING', attempts = attempts + 1,
+		       claim_id = gen_random_uuid(), sending_since = now(), updated_at = now()
+		WHERE id IN (
+			SELECT id FROM notifications
+			WHERE status = 'PENDING' AND next_attempt_at <= now()
+			ORDER BY next_attempt_at, id
+			LIMIT $1
+			FOR UPDATE SKIP LOCKED)
+		`+returning, s.cfg.Concurrency)
+	if err != nil {
+		return 0, fmt.Errorf("sender: claim: %w", err)
+	}
+	claimed, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		return 0, fmt.Errorf("sender: claim: %w", err)
+	}
+	s.each(ctx, claimed, s.send)
+	return len(claimed), nil
+}
+
+// each runs f for every row concurrently and waits. The rows are ours
+// (SENDING, leased), so their work finishes even if ctx is cancelled.
+func (s *Sender) each(ctx context.Context, rs []row, f func(context.Context, row)) {
+	wctx := context.WithoutCancel(ctx)
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		wg.Go(func() { f(wctx, r) })
+	}
+	wg.Wait()
+}
+
+// send makes one provider call for a claimed row and records its outcome.
+func (s *Sender) send(ctx context.Context, r row) {
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.SendTimeout)
+	receipt, err := s.provider.Send(cctx, sms.Message{IdempotencyKey: r.Key, To: r.Recipient, Body: r.Body})
+	cancel()
+	if failpoint.Hit(failpoint.InSending) {
+		// Armed in-process: behave like a crash here, recording nothing.
+		// The row stays SENDING until the reconciler's lease check.
+		return
+	}
+	log := s.log.With("notification_id", r.ID, "event_id", r.EventID, "idempotency_key", r.Key, "attempt", r.Attempts)
+	if err == nil {
+		s.calls.Add(ctx, 1, metric.WithAttributes(attribute.String("result", "accepted")))
+		s.markSent(ctx, r, receipt.MessageID, log)
+		return
+	}
+	class := sms.Classify(err)
+	s.calls.Add(ctx, 1, metric.WithAttributes(attribute.String("result", class.String())))
+	switch class {
+	case sms.Rejected:
+		log.Error("provider rejected the message: FAILED", "error", err)
+		s.markFailed(ctx, r, "rejected by provider: "+err.Error(), log)
+	case sms.Retryable:
+		log.Warn("provider call failed: retrying later with the same key", "error", err)
+		s.retryLater(ctx, r, err.Error(), log)
+	default:
+		log.Warn("provider call outcome unknown: reconciling", "error", err)
+		s.resolveUnknown(ctx, r, err.Error(), log)
+	}
+}
+
+// ReconcileOnce takes over rows left SENDING longer than Lease (their
+// sender died mid-call) and resolves each one's unknown outcome. It
+// returns how many it took over.
+func (s *Sender) ReconcileOnce(ctx context.Context) (int, error) {
+	rows, err := s.pool.Query(ctx, `
+		UPDATE notifications SET claim_id = gen_random_uuid(), sending_since = now(), updated_at = now()
+		WHERE id IN (
+			SELECT id FROM notifications
+			WHERE status = 'SENDING' AND sending_since < now() - $1::interval
+			ORDER BY sending_since
+			LIMIT $2
+			FOR UPDATE SKIP LOCKED)
+		`+returning, s.cfg.Lease, s.cfg.Concurrency)
+	if err != nil {
+		return 0, fmt.Errorf("sender: reconcile claim: %w", err)
+	}
+	stuck, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		return 0, fmt.Errorf("sender: reconcile claim: %w", err)
+	}
+	s.each(ctx, stuck, func(ctx context.Context, r row) {
+		log := s.log.With("notification_id", r.ID, "event_id", r.EventID, "idempotency_key", r.Key, "attempt", r.Attempts)
+		log.Warn("notification found SENDING past its lease (sender crashed mid-call): reconciling")
+		s.resolveUnknown(ctx, r, "found SENDING after a crash", log)
+	})
+	return len(stuck), nil
+}
+
+// resolveUnknown decides a leased row whose last call may or may not have
+// been accepted: by lookup where the provider can, else by the kind's policy.
+func (s *Sender) resolveUnknown(ctx context.Context, r row, why string, log *slog.Logger) {
+	if s.looker != nil {
+		lctx, cancel := context.WithTimeout(ctx, s.cfg.SendTimeout)
+		receipt, found, err := s.looker.Lookup(lctx, r.Key)
+		cancel()
+		switch {
+		case err != nil:
+			// Still unknown. The row stays SENDING under our lease; once the
+			// lease runs out the reconciler asks again.
+			s.reconciled.Add(ctx, 1, metric.WithAttributes(attribute.String("how", "lookup_failed")))
+			log.Warn("provider lookup failed: row left SENDING until its lease expires", "error", err, "lease", s.cfg.Lease)
+		case found:
+			s.reconciled.Add(ctx, 1, metric.WithAttributes(attribute.String("how", "lookup_found")))
+			log.Info("provider had accepted it: SENT without sending again", "provider_message_id", receipt.MessageID)
+			s.markSent(ctx, r, receipt.MessageID, log)
+		default:
+			s.reconciled.Add(ctx, 1, metric.WithAttributes(attribute.String("how", "lookup_missing")))
+			log.Info("provider never accepted it: resending with the same key")
+			s.retryLater(ctx, r, why+"; provider has no message under the key", log)
+		}
+		return
+	}
+	switch p := s.PolicyFor(r.Kind); p {
+	case PolicySkip:
+		s.reconciled.Add(ctx, 1, metric.WithAttributes(attribute.String("how", "skip")))
+		log.Error("outcome unknown and the provider cannot be asked; policy skip: FAILED", "kind", r.Kind)
+		s.markFailed(ctx, r, ReasonUnknownOutcome, log)
+	default:
+		s.reconciled.Add(ctx, 1, metric.WithAttributes(attribute.String("how", "resend")))
+		log.Warn("outcome unknown and the provider cannot be asked; policy resend: sending again with the same key", "kind", r.Kind)
+		s.retryLater(ctx, r, why+"; resent by policy", log)
+	}
+}
+
+// errLostLease: the row is no longer ours (another sender took it over).
+var errLostLease = errors.New("lease lost: the row was taken over, outcome not recorded by this sender")
+
+// fenced runs an UPDATE that only applies while r is still SENDING under
+// r's claim.
+func (s *Sender) fenced(ctx context.Context, r row, set string, args ...any) error {
+	args = append([]any{r.ID, r.ClaimID}, args...)
+	tag, err := s.pool.Exec(ctx, `UPDATE notifications SET `+set+`, claim_id = NULL, sending_since = NULL, updated_at = now()
+		WHERE id = $1 AND status = 'SENDING' AND claim_id = $2`, args...)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return errLostLease
+	}
+	return nil
+}
+
+func (s *Sender) transition(ctx context.Context, status, reason string) {
+	s.outcomes.Add(ctx, 1, metric.WithAttributes(attribute.String("status", status), attribute.String("reason", reason)))
+}
+
+func (s *Sender) markSent(ctx context.Context, r row, messageID string, log *slog.Logger) {
+	if err := s.fenced(ctx, r, `status = 'SENT', provider_message_id = $3, sent_at = now(), last_error = NULL`, messageID); err != nil {
+		// Not recorded: the row stays SENDING and is reconciled (looked up,
+		// or resent with the same key), never lost.
+		log.Error("could not mark SENT", "error", err, "provider_message_id", messageID)
+		return
+	}
+	s.transition(ctx, "SENT", "accepted")
+	log.Info("notification SENT", "provider_message_id", messageID)
+}
+
+func (s *Sender) markFailed(ctx context.Context, r row, reason string, log *slog.Logger) {
+	if err := s.fenced(ctx, r, `status = 'FAILED', failure_reason = $3, last_error = coalesce(last_error, $3)`, reason); err != nil {
+		log.Error("could not mark FAILED", "error", err)
+		return
+	}
+	s.transition(ctx, "FAILED", reason)
+}
+
+// retryLater puts r back to PENDING with a backoff, or FAILED when it has
+// had MaxAttempts calls.
+func (s *Sender) retryLater(ctx context.Context, r row, lastErr string, log *slog.Logger) {
+	if r.Attempts >= s.cfg.MaxAttempts {
+		reason := fmt.Sprintf("gave up after %d attempts", r.Attempts)
+		log.Error("notification FAILED: attempts exhausted", "last_error", lastErr)
+		if err := s.fenced(ctx, r, `status = 'FAILED', failure_reason = $3, last_error = $4`, reason, lastErr); err != nil {
+			log.Error("could not mark FAILED", "error", err)
+			return
+		}
+		s.transition(ctx, "FAILED", "attempts_exhausted")
+		return
+	}
+	delay := Backoff(r.Attempts, s.cfg.RetryBase, s.cfg.RetryMax)
+	if err := s.fenced(ctx, r, `status = 'PENDING', next_attempt_at = now() + $3::interval, last_error = $4`, delay, lastErr); err != nil {
+		log.Error("could not reschedule", "error", err)
+		return
+	}
+	s.transition(ctx, "PENDING", "retry")
+	log.Info("notification rescheduled", "retry_in", delay)
+}
+
+// Backoff is the delay after the attempts-th failed call:
+// min(max, base·2^(attempts-1)), jittered by ±25 %.
+func Backoff(attempts int, base, max time.Duration) time.Duration {
+	d := base
+	for i := 1; i < attempts && d < max; i++ {
+		d *= 2
+	}
+	d = min(d, max)
+	return time.Duration(float64(d) * (0.75 + rand.Float64()/2))
+}

@@ -1,0 +1,139 @@
+package sms
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// HTTPProvider talks to an SMS provider over the dev provider's HTTP API:
+//
+//	POST /v1/messages                     Idempotency-Key header, {"to","body"} → {"message_id",...}
+//	GET  /v1/messages?idempotency_key=K   the message accepted under K, or 404
+//
+// It implements Provider and Looker.
+type HTTPProvider struct {
+	base   string
+	client *http.Client
+}
+
+// NewHTTPProvider returns a client of the provider at baseURL whose every
+// request (connect, send, wait for the answer) is bounded by timeout
+// (<= 0: 10 s). Keep it well under the sender's SENDING lease, so a live
+// sender always gives up before the reconciler takes its row.
+func NewHTTPProvider(baseURL string, timeout time.Duration) *HTTPProvider {
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	return &HTTPProvider{
+		base: strings.TrimRight(baseURL, "/"),
+		client: &http.Client{Timeout: timeout, Transport: &http.Transport{
+			DialContext:           (&net.Dialer{Timeout: min(timeout, 5*time.Second)}).DialContext,
+			ResponseHeaderTimeout: timeout,
+			MaxIdleConnsPerHost:   16,
+			IdleConnTimeout:       90 * time.Second,
+		}},
+	}
+}
+
+type sendRequest struct {
+	To   string `json:"to"`
+	Body string `json:"body"`
+}
+
+type messageResponse struct {
+	MessageID string `json:"message_id"`
+}
+
+// Send posts m with its idempotency key.
+func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
+	if m.IdempotencyKey == "" {
+		return Receipt{}, &Error{Rejected, errors.New("no idempotency key")}
+	}
+	body, err := json.Marshal(sendRequest{To: m.To, Body: m.Body})
+	if err != nil {
+		return Receipt{}, &Error{Rejected, err}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.base+"/v1/messages", bytes.NewReader(body))
+	if err != nil {
+		return Receipt{}, &Error{Rejected, err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", m.IdempotencyKey)
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return Receipt{}, transportError(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return Receipt{}, &Error{Unknown, fmt.Errorf("reading the answer: %w", err)}
+	}
+	switch {
+	case resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusCreated:
+		var mr messageResponse
+		if err := json.Unmarshal(raw, &mr); err != nil || mr.MessageID == "" {
+			// Accepted, but we cannot read the id: the lookup will.
+			return Receipt{}, &Error{Unknown, fmt.Errorf("accepted with an unreadable answer %q", truncate(raw))}
+		}
+		return Receipt{MessageID: mr.MessageID}, nil
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusConflict || resp.StatusCode >= 500:
+		// 409: the same key is still being processed; 429/5xx: not accepted.
+		return Receipt{}, &Error{Retryable, fmt.Errorf("%s: %s", resp.Status, truncate(raw))}
+	default:
+		return Receipt{}, &Error{Rejected, fmt.Errorf("%s: %s", resp.Status, truncate(raw))}
+	}
+}
+
+// Lookup asks for the message accepted under key.
+func (p *HTTPProvider) Lookup(ctx context.Context, key string) (Receipt, bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.base+"/v1/messages?idempotency_key="+url.QueryEscape(key), nil)
+	if err != nil {
+		return Receipt{}, false, err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return Receipt{}, false, transportError(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	switch resp.StatusCode {
+	case http.StatusOK:
+		var mr messageResponse
+		if err := json.Unmarshal(raw, &mr); err != nil || mr.MessageID == "" {
+			return Receipt{}, false, fmt.Errorf("lookup: unreadable answer %q", truncate(raw))
+		}
+		return Receipt{MessageID: mr.MessageID}, true, nil
+	case http.StatusNotFound:
+		return Receipt{}, false, nil
+	default:
+		return Receipt{}, false, fmt.Errorf("lookup: %s: %s", resp.Status, truncate(raw))
+	}
+}
+
+// transportError classifies an error of http.Client.Do: a failure to
+// connect means the request never left, anything later (timeout, reset)
+// leaves the outcome unknown.
+func transportError(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return &Error{Retryable, err}
+	}
+	return &Error{Unknown, err}
+}
+
+func truncate(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}

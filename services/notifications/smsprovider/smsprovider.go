@@ -1,0 +1,297 @@
+// Package smsprovider is a development SMS provider that behaves like a
+// careful real one, so the notifications service can be tested against
+// honest semantics instead of a mock:
+//
+//	POST /v1/messages        header Idempotency-Key (required), body {"to","body"}.
+//	                         The first request under a key is "delivered" and its
+//	                         response stored (201); every later request under the
+//	                         same key gets that response replayed (200, header
+//	                         Idempotent-Replayed: true): same message id, delivered
+//	                         once. The same key with a different to/body is a 422
+//	                         (checked before any replay).
+//	GET  /v1/messages?idempotency_key=K
+//	                         the message accepted under K (200), or 404.
+//	GET  /v1/deliveries      what was delivered: one entry per distinct key, with
+//	                         the number of send requests seen for it.
+//	POST /v1/control         fault injection, see Control. GET shows the current one.
+//	POST /v1/reset           forget every message and fault.
+//	GET  /healthz
+//
+// State lives in memory (it is a dev tool) and is safe for concurrent use.
+package smsprovider
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/effectively-once/payments-cashback/pkg/service"
+)
+
+// Control is the body of POST /v1/control. Fields left out keep their
+// current value.
+type Control struct {
+	// FailNext: the next N send requests fail with FailStatus (default
+	// 503) without storing or delivering anything.
+	FailNext *int `json:"fail_next,omitempty"`
+	// FailStatus is the status of injected failures (default 503; a 4xx
+	// such as 400 makes them rejections).
+	FailStatus *int `json:"fail_status,omitempty"`
+	// HangMS makes send requests sleep that long before answering, for the
+	// next HangNext requests (default: 1 when HangMS is set).
+	HangMS   *int `json:"hang_ms,omitempty"`
+	HangNext *int `json:"hang_next,omitempty"`
+	// HangAfterAccept: the hang happens after the message has been stored,
+	// counted and delivered, so a client that times out does not know it
+	// was accepted (the crash-in-SENDING case). Otherwise it happens before.
+	HangAfterAccept *bool `json:"hang_after_accept,omitempty"`
+}
+
+// control is the effective fault state.
+type control struct {
+	FailNext        int  `json:"fail_next"`
+	FailStatus      int  `json:"fail_status"`
+	HangMS          int  `json:"hang_ms"`
+	HangNext        int  `json:"hang_next"`
+	HangAfterAccept bool `json:"hang_after_accept"`
+}
+
+// Delivery is one delivered message, as GET /v1/deliveries lists it.
+type Delivery struct {
+	IdempotencyKey string    `json:"idempotency_key"`
+	MessageID      string    `json:"message_id"`
+	To             string    `json:"to"`
+	Body           string    `json:"body"`
+	Requests       int       `json:"requests"` // send requests seen under this key
+	DeliveredAt    time.Time `json:"delivered_at"`
+}
+
+// message is the stored first response for a key.
+type message struct {
+	MessageID      string    `json:"message_id"`
+	IdempotencyKey string    `json:"idempotency_key"`
+	To             string    `json:"to"`
+	Body           string    `json:"body"`
+	Status         string    `json:"status"`
+	CreatedAt      time.Time `json:"created_at"`
+}
+
+// Server is the provider; it is an http.Handler.
+type Server struct {
+	mu       sync.Mutex
+	byKey    map[string]*message
+	requests map[string]int // send requests per key, failed ones included
+	order    []string       // keys in delivery order
+	seq      int
+	ctl      control
+	mux      *http.ServeMux
+	sleep    func(time.Duration) // time.Sleep; tests may shorten it
+}
+
+// New returns an empty provider.
+func New() *Server {
+	s := &Server{sleep: time.Sleep}
+	s.reset()
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("POST /v1/messages", s.send)
+	s.mux.HandleFunc("GET /v1/messages", s.lookup)
+	s.mux.HandleFunc("GET /v1/deliveries", s.deliveries)
+	s.mux.HandleFunc("POST /v1/control", s.setControl)
+	s.mux.HandleFunc("GET /v1/control", s.getControl)
+	s.mux.HandleFunc("POST /v1/reset", func(w http.ResponseWriter, _ *http.Request) {
+		s.mu.Lock()
+		s.reset()
+		s.mu.Unlock()
+		writeJSON(w, http.StatusOK, map[string]string{"status": "reset"})
+	})
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	return s
+}
+
+func (s *Server) reset() {
+	s.byKey, s.requests, s.order, s.seq = map[string]*message{}, map[string]int{}, nil, 0
+	s.ctl = control{FailStatus: http.StatusServiceUnavailable}
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func (s *Server) send(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" || len(key) > 255 {
+		writeError(w, http.StatusBadRequest, "Idempotency-Key header required (1-255 characters)")
+		return
+	}
+	var req struct {
+		To   string `json:"to"`
+		Body string `json:"body"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		return
+	}
+	if req.To == "" || req.Body == "" {
+		writeError(w, http.StatusBadRequest, "to and body are required")
+		return
+	}
+
+	s.mu.Lock()
+	s.requests[key]++
+	hang, hangAfter := s.takeHang()
+	if s.ctl.FailNext > 0 {
+		s.ctl.FailNext--
+		status := s.ctl.FailStatus
+		s.mu.Unlock()
+		s.sleep(hang)
+		writeError(w, status, "injected failure")
+		return
+	}
+	if !hangAfter && hang > 0 {
+		// Hang before accepting: nothing stored yet, so release the lock.
+		s.mu.Unlock()
+		s.sleep(hang)
+		hang = 0
+		s.mu.Lock()
+	}
+	m, replay := s.byKey[key]
+	if replay && (m.To != req.To || m.Body != req.Body) {
+		s.mu.Unlock()
+		writeError(w, http.StatusUnprocessableEntity, "Idempotency-Key reused with a different message")
+		return
+	}
+	if !replay {
+		s.seq++
+		m = &message{MessageID: fmt.Sprintf("sms_%06d", s.seq), IdempotencyKey: key, To: req.To, Body: req.Body,
+			Status: "delivered", CreatedAt: time.Now().UTC()}
+		s.byKey[key] = m
+		s.order = append(s.order, key)
+	}
+	resp := *m
+	s.mu.Unlock()
+
+	s.sleep(hang) // hang after accepting: stored, counted and delivered already
+	status := http.StatusCreated
+	if replay {
+		status = http.StatusOK
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	writeJSON(w, status, resp)
+}
+
+// takeHang consumes one hang, if any. Call with mu held.
+func (s *Server) takeHang() (time.Duration, bool) {
+	if s.ctl.HangNext <= 0 || s.ctl.HangMS <= 0 {
+		return 0, false
+	}
+	s.ctl.HangNext--
+	return time.Duration(s.ctl.HangMS) * time.Millisecond, s.ctl.HangAfterAccept
+}
+
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
+	key := r.URL.Query().Get("idempotency_key")
+	if key == "" {
+		writeError(w, http.StatusBadRequest, "idempotency_key query parameter required")
+		return
+	}
+	s.mu.Lock()
+	m, ok := s.byKey[key]
+	var resp message
+	if ok {
+		resp = *m
+	}
+	s.mu.Unlock()
+	if !ok {
+		writeError(w, http.StatusNotFound, "no message accepted under this key")
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// Deliveries lists what was delivered, in delivery order.
+func (s *Server) Deliveries() []Delivery {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Delivery, 0, len(s.order))
+	for _, k := range s.order {
+		m := s.byKey[k]
+		out = append(out, Delivery{IdempotencyKey: k, MessageID: m.MessageID, To: m.To, Body: m.Body,
+			Requests: s.requests[k], DeliveredAt: m.CreatedAt})
+	}
+	return out
+}
+
+// Requests is how many send requests arrived under key (failed ones too).
+func (s *Server) Requests(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests[key]
+}
+
+func (s *Server) deliveries(w http.ResponseWriter, r *http.Request) {
+	d := s.Deliveries()
+	if p := r.URL.Query().Get("idempotency_key_prefix"); p != "" {
+		kept := d[:0]
+		for _, x := range d {
+			if strings.HasPrefix(x.IdempotencyKey, p) {
+				kept = append(kept, x)
+			}
+		}
+		d = kept
+	}
+	requests := 0
+	for _, x := range d {
+		requests += x.Requests
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"deliveries": d, "total": len(d), "requests": requests})
+}
+
+// SetControl applies c as POST /v1/control would.
+func (s *Server) SetControl(c Control) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.FailNext != nil {
+		s.ctl.FailNext = max(*c.FailNext, 0)
+	}
+	if c.FailStatus != nil && *c.FailStatus >= 400 && *c.FailStatus < 600 {
+		s.ctl.FailStatus = *c.FailStatus
+	}
+	if c.HangMS != nil {
+		s.ctl.HangMS = max(*c.HangMS, 0)
+		s.ctl.HangNext = 1
+	}
+	if c.HangNext != nil {
+		s.ctl.HangNext = max(*c.HangNext, 0)
+	}
+	if c.HangAfterAccept != nil {
+		s.ctl.HangAfterAccept = *c.HangAfterAccept
+	}
+}
+
+func (s *Server) setControl(w http.ResponseWriter, r *http.Request) {
+	var c Control
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		return
+	}
+	s.SetControl(c)
+	s.getControl(w, r)
+}
+
+func (s *Server) getControl(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	c := s.ctl
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, c)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) { service.WriteJSON(w, status, v) }
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	service.WriteError(w, status, strings.ToLower(strings.ReplaceAll(http.StatusText(status), " ", "_")), "", msg)
+}

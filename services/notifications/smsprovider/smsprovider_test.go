@@ -1,0 +1,277 @@
+package smsprovider_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/payments-cashback/services/notifications/sms"
+	"github.com/effectively-once/payments-cashback/services/notifications/smsprovider"
+)
+
+func start(t *testing.T) (*smsprovider.Server, *httptest.Server) {
+	t.Helper()
+	p := smsprovider.New()
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return p, srv
+}
+
+func post(t *testing.T, url, key, body string) (*http.Response, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages", bytes.NewBufferString(body))
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&m)
+	return resp, m
+}
+
+func control(t *testing.T, url, body string) {
+	t.Helper()
+	resp, err := http.Post(url+"/v1/control", "application/json", bytes.NewBufferString(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("control %s: %s", body, resp.Status)
+	}
+}
+
+type deliveriesBody struct {
+	Deliveries []smsprovider.Delivery `json:"deliveries"`
+	Total      int                    `json:"total"`
+	Requests   int                    `json:"requests"`
+}
+
+func deliveries(t *testing.T, url string) deliveriesBody {
+	t.Helper()
+	resp, err := http.Get(url + "/v1/deliveries")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var d deliveriesBody
+	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+const msg = `{"to":"u_17","body":"You got ₹24.00 cashback"}`
+
+// The first response per key is stored and replayed: same message id,
+// delivered once, every request counted.
+func TestReplayPerKey(t *testing.T) {
+	_, srv := start(t)
+	r1, m1 := post(t, srv.URL, "sms:a", msg)
+	r2, m2 := post(t, srv.URL, "sms:a", msg)
+	r3, m3 := post(t, srv.URL, "sms:b", msg)
+	if r1.StatusCode != http.StatusCreated || r2.StatusCode != http.StatusOK || r2.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("statuses %d, %d (replayed=%q); want 201 then a 200 replay", r1.StatusCode, r2.StatusCode, r2.Header.Get("Idempotent-Replayed"))
+	}
+	if m1["message_id"] == nil || m1["message_id"] != m2["message_id"] {
+		t.Errorf("message ids %v and %v; want the same id for the same key", m1["message_id"], m2["message_id"])
+	}
+	if r3.StatusCode != http.StatusCreated || m3["message_id"] == m1["message_id"] {
+		t.Errorf("another key: %d %v; want 201 and a new id", r3.StatusCode, m3["message_id"])
+	}
+	d := deliveries(t, srv.URL)
+	if d.Total != 2 || d.Requests != 3 || d.Deliveries[0].IdempotencyKey != "sms:a" || d.Deliveries[0].Requests != 2 ||
+		d.Deliveries[1].Requests != 1 {
+		t.Errorf("deliveries = %+v; want sms:a (2 requests) and sms:b (1)", d)
+	}
+}
+
+func TestSameKeyDifferentMessageRefused(t *testing.T) {
+	_, srv := start(t)
+	post(t, srv.URL, "sms:a", msg)
+	r, _ := post(t, srv.URL, "sms:a", `{"to":"u_17","body":"something else"}`)
+	if r.StatusCode != http.StatusUnprocessableEntity {
+		t.Errorf("same key, other body: %d, want 422", r.StatusCode)
+	}
+	if d := deliveries(t, srv.URL); d.Total != 1 || d.Deliveries[0].Body != "You got ₹24.00 cashback" {
+		t.Errorf("deliveries = %+v; want only the first message", d)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	_, srv := start(t)
+	for _, tc := range []struct{ key, body string }{{"", msg}, {"sms:a", `{"to":"u_17"}`}, {"sms:a", `not json`}} {
+		if r, _ := post(t, srv.URL, tc.key, tc.body); r.StatusCode != http.StatusBadRequest {
+			t.Errorf("key %q body %q: %d, want 400", tc.key, tc.body, r.StatusCode)
+		}
+	}
+	if d := deliveries(t, srv.URL); d.Total != 0 {
+		t.Errorf("bad requests delivered %d messages", d.Total)
+	}
+}
+
+// Lookup by key, through the service's own client.
+func TestLookup(t *testing.T) {
+	_, srv := start(t)
+	c := sms.NewHTTPProvider(srv.URL, time.Second)
+	ctx := context.Background()
+	if _, found, err := c.Lookup(ctx, "sms:a"); err != nil || found {
+		t.Fatalf("lookup before any send: found=%v err=%v; want a 404", found, err)
+	}
+	r, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:a", To: "u_17", Body: "hi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, found, err := c.Lookup(ctx, "sms:a")
+	if err != nil || !found || got.MessageID != r.MessageID {
+		t.Errorf("lookup = %+v found=%v err=%v; want %s", got, found, err, r.MessageID)
+	}
+	resp, err := http.Get(srv.URL + "/v1/messages?idempotency_key=sms:nope")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown key: %s, want 404", resp.Status)
+	}
+}
+
+// fail_next N: N requests fail (503, retryable) without delivering; then it
+// delivers. A 4xx fail_status is a rejection.
+func TestFailNext(t *testing.T) {
+	_, srv := start(t)
+	c := sms.NewHTTPProvider(srv.URL, time.Second)
+	ctx := context.Background()
+	m := sms.Message{IdempotencyKey: "sms:a", To: "u_17", Body: "hi"}
+	control(t, srv.URL, `{"fail_next":2}`)
+	for i := range 2 {
+		if _, err := c.Send(ctx, m); sms.Classify(err) != sms.Retryable {
+			t.Errorf("request %d: %v, want a retryable error", i+1, err)
+		}
+	}
+	if _, err := c.Send(ctx, m); err != nil {
+		t.Errorf("third request: %v, want accepted", err)
+	}
+	d := deliveries(t, srv.URL)
+	if d.Total != 1 || d.Deliveries[0].Requests != 3 {
+		t.Errorf("deliveries = %+v; want one delivery after 3 requests", d)
+	}
+	control(t, srv.URL, `{"fail_next":1,"fail_status":400}`)
+	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:b", To: "u_17", Body: "hi"}); sms.Classify(err) != sms.Rejected {
+		t.Errorf("fail_status 400: %v, want a rejection", err)
+	}
+}
+
+// hang_after_accept: the message is stored and delivered, then the answer
+// hangs; a client that times out sees an unknown outcome, and the lookup
+// finds the message.
+func TestHangAfterAccept(t *testing.T) {
+	_, srv := start(t)
+	c := sms.NewHTTPProvider(srv.URL, 200*time.Millisecond)
+	ctx := context.Background()
+	control(t, srv.URL, `{"hang_ms":1500,"hang_after_accept":true}`)
+	start := time.Now()
+	_, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:a", To: "u_17", Body: "hi"})
+	if sms.Classify(err) != sms.Unknown {
+		t.Fatalf("hung send: %v, want an unknown outcome", err)
+	}
+	if time.Since(start) > time.Second {
+		t.Errorf("the client waited %v; its timeout is 200ms", time.Since(start))
+	}
+	if _, found, err := c.Lookup(ctx, "sms:a"); err != nil || !found {
+		t.Errorf("lookup during the hang: found=%v err=%v; want found", found, err)
+	}
+	if d := deliveries(t, srv.URL); d.Total != 1 {
+		t.Errorf("deliveries = %d, want 1", d.Total)
+	}
+	// Only the next request hangs (hang_next defaults to 1).
+	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:b", To: "u_17", Body: "hi"}); err != nil {
+		t.Errorf("request after the hang: %v", err)
+	}
+}
+
+// A hang before accepting stores nothing until it ends.
+func TestHangBeforeAccept(t *testing.T) {
+	_, srv := start(t)
+	c := sms.NewHTTPProvider(srv.URL, 100*time.Millisecond)
+	ctx := context.Background()
+	control(t, srv.URL, `{"hang_ms":400,"hang_after_accept":false}`)
+	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:a", To: "u_17", Body: "hi"}); sms.Classify(err) != sms.Unknown {
+		t.Fatalf("hung send: %v, want an unknown outcome", err)
+	}
+	if _, found, _ := c.Lookup(ctx, "sms:a"); found {
+		t.Error("lookup during a hang before accepting found the message")
+	}
+}
+
+// Concurrent requests under one key deliver once, all get the same id.
+func TestConcurrentSameKey(t *testing.T) {
+	p, srv := start(t)
+	c := sms.NewHTTPProvider(srv.URL, 5*time.Second)
+	ids := make([]string, 20)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Go(func() {
+			r, err := c.Send(context.Background(), sms.Message{IdempotencyKey: "sms:a", To: "u_17", Body: "hi"})
+			if err != nil {
+				t.Error(err)
+			}
+			ids[i] = r.MessageID
+		})
+	}
+	wg.Wait()
+	for _, id := range ids {
+		if id != ids[0] {
+			t.Fatalf("message ids differ: %v", ids)
+		}
+	}
+	if d := p.Deliveries(); len(d) != 1 || d[0].Requests != 20 {
+		t.Errorf("deliveries = %+v; want one with 20 requests", d)
+	}
+}
+
+func TestResetAndHealth(t *testing.T) {
+	_, srv := start(t)
+	post(t, srv.URL, "sms:a", msg)
+	control(t, srv.URL, `{"fail_next":5}`)
+	resp, err := http.Post(srv.URL+"/v1/reset", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if d := deliveries(t, srv.URL); d.Total != 0 {
+		t.Errorf("after reset: %d deliveries", d.Total)
+	}
+	if r, _ := post(t, srv.URL, "sms:a", msg); r.StatusCode != http.StatusCreated {
+		t.Errorf("after reset the faults remain: %d", r.StatusCode)
+	}
+	resp, err = http.Get(srv.URL + "/healthz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("healthz: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
+
+// A provider that is down is a retryable error (the request never left).
+func TestConnectionRefusedIsRetryable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	c := sms.NewHTTPProvider("http://"+addr, time.Second)
+	if _, err := c.Send(context.Background(), sms.Message{IdempotencyKey: "sms:a", To: "u", Body: "b"}); sms.Classify(err) != sms.Retryable {
+		t.Errorf("connection refused: %v (%v), want retryable", err, sms.Classify(err))
+	}
+}

@@ -1,0 +1,239 @@
+// Package api is the Payments HTTP API:
+//
+//	POST /v1/payments              (Idempotency-Key) charge, 201 with the payment
+//	GET  /v1/payments/{id}         200 with the payment, 404
+//	POST /v1/payments/{id}/refund  (Idempotency-Key) full refund, 200 with the payment
+//
+// How a charge stays single however often it is retried:
+//
+//  1. The request is validated first; a bad one writes nothing (4xx).
+//  2. pkg/httpidem claims the Idempotency-Key with an INSERT and, in that
+//     same row, records the payment id (pay_...) BEFORE anything else
+//     happens. A retry of an unfinished attempt gets the same payment id.
+//  3. Stripe is called with the idempotency key pi:<payment id>: a retry
+//     after a crash or a timeout sends the same key, and Stripe returns the
+//     first charge instead of making a second one.
+//  4. One transaction commits the payment row (SUCCEEDED, version 1), its
+//     outbox row PaymentSucceeded, and the saved response of the key.
+//
+// A crash between 3 and 4 leaves the key claimed with no response: its
+// lease expires (IDEMPOTENCY_LOCK_TIMEOUT) and the client's retry runs steps
+// 3 and 4 again with the same payment id and Stripe key.
+//
+// Refunds follow the same steps with the Stripe key refund:<payment id>:
+// the payment goes to REFUNDED at version 2 with a PaymentRefunded outbox
+// row. A payment is refunded once: a later refund with a new key is 409
+// payment_already_refunded (saved under that key like any other outcome).
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/httpidem"
+	"github.com/effectively-once/payments-cashback/pkg/service"
+	"github.com/effectively-once/payments-cashback/services/payments/provider"
+	"github.com/effectively-once/payments-cashback/services/payments/store"
+)
+
+// AfterChargeBeforeCommit is the failpoint between a successful Stripe
+// charge and the commit of the payment (FAILPOINTS=after-charge-before-commit
+// kills the process there).
+const AfterChargeBeforeCommit = "after-charge-before-commit"
+
+// Gateway is the payment provider (provider.Stripe).
+type Gateway interface {
+	Charge(ctx context.Context, c provider.Charge) (intentID string, err error)
+	Refund(ctx context.Context, paymentID, intentID string) (refundID string, err error)
+}
+
+// Server serves the API.
+type Server struct {
+	pool *pgxpool.Pool
+	keys *httpidem.Store
+	gw   Gateway
+	log  *slog.Logger
+
+	created, refunded metric.Int64Counter
+}
+
+// New returns the API on pool (migrated), keys and gw.
+func New(pool *pgxpool.Pool, keys *httpidem.Store, gw Gateway, log *slog.Logger) (*Server, error) {
+	s := &Server{pool: pool, keys: keys, gw: gw, log: log}
+	m := otel.Meter("github.com/effectively-once/payments-cashback/services/payments")
+	var err error
+	if s.created, err = m.Int64Counter("payments_created_total", metric.WithDescription("Payments committed as SUCCEEDED.")); err != nil {
+		return nil, err
+	}
+	if s.refunded, err = m.Int64Counter("payments_refunded_total", metric.WithDescription("Payments committed as REFUNDED.")); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Routes adds the API's routes to r (a service.NewRouter).
+func (s *Server) Routes(r chi.Router) {
+	r.With(traced, httpidem.RequireKey).Post("/v1/payments", s.create)
+	r.With(traced).Get("/v1/payments/{id}", s.get)
+	r.With(traced, httpidem.RequireKey).Post("/v1/payments/{id}/refund", s.refund)
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	req, bad := parseCreate(w, r)
+	if bad != nil {
+		bad.write(w)
+		return
+	}
+	s.keys.Handle(w, r, httpidem.Request{
+		Scope:         "POST /v1/payments",
+		Fingerprint:   req,
+		NewResourceID: store.NewID, // the payment id, recorded with the key before Stripe is called
+	}, func(ctx context.Context, a *httpidem.Attempt) error {
+		return s.charge(ctx, a, req)
+	})
+}
+
+// charge runs under the key's lease; a.ResourceID is the payment id.
+func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment) error {
+	intentID, err := s.gw.Charge(ctx, provider.Charge{
+		PaymentID: a.ResourceID, UserID: req.UserID, AmountPaise: req.AmountPaise, Currency: req.Currency, Method: req.Method,
+	})
+	var declined *provider.DeclinedError
+	if errors.As(err, &declined) {
+		// Final: saved, so the same key replays the decline.
+		return a.Save(ctx, s.pool, http.StatusPaymentRequired, errorBody(declined.Code, "", declined.Message))
+	}
+	if err != nil {
+		return providerError(err)
+	}
+	if failpoint.Hit(AfterChargeBeforeCommit) {
+		return httpidem.ErrAbandon
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		p, err := store.InsertSucceeded(ctx, tx, store.Payment{
+			ID: a.ResourceID, UserID: req.UserID, AmountPaise: req.AmountPaise,
+			Currency: req.Currency, Method: req.Method, ProviderRef: intentID,
+		})
+		if err != nil {
+			return err
+		}
+		return a.Save(ctx, tx, http.StatusCreated, p)
+	})
+	if err == nil {
+		s.created.Add(ctx, 1)
+		s.log.Info("payment succeeded", "payment_id", a.ResourceID, "provider_ref", intentID, "attempt", a.Number)
+	}
+	return err
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	p, err := store.Get(r.Context(), s.pool, chi.URLParam(r, "id"))
+	if errors.Is(err, store.ErrNotFound) {
+		service.WriteError(w, http.StatusNotFound, "payment_not_found", "id", "no payment with this id")
+		return
+	}
+	if err != nil {
+		s.log.Error("get payment", "error", err)
+		service.WriteError(w, http.StatusInternalServerError, "internal", "", "internal error")
+		return
+	}
+	service.WriteJSON(w, http.StatusOK, p)
+}
+
+func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	req, bad := parseRefund(w, r)
+	if bad != nil {
+		bad.write(w)
+		return
+	}
+	// An unknown payment is a bad request like any other: nothing written.
+	if _, err := store.Get(r.Context(), s.pool, id); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			service.WriteError(w, http.StatusNotFound, "payment_not_found", "id", "no payment with this id")
+			return
+		}
+		s.log.Error("get payment", "error", err)
+		service.WriteError(w, http.StatusInternalServerError, "internal", "", "internal error")
+		return
+	}
+	s.keys.Handle(w, r, httpidem.Request{
+		Scope:       "POST /v1/payments/" + id + "/refund",
+		Fingerprint: req,
+	}, func(ctx context.Context, a *httpidem.Attempt) error {
+		return s.refundPayment(ctx, a, id)
+	})
+}
+
+func (s *Server) refundPayment(ctx context.Context, a *httpidem.Attempt, id string) error {
+	p, err := store.Get(ctx, s.pool, id) // read again under the key's lease
+	if err != nil {
+		return err
+	}
+	if p.Status != store.StatusSucceeded {
+		return a.Save(ctx, s.pool, http.StatusConflict, alreadyRefunded)
+	}
+	refundID, err := s.gw.Refund(ctx, p.ID, p.ProviderRef)
+	if err != nil {
+		return providerError(err)
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		q, err := store.MarkRefunded(ctx, tx, p.ID, p.Version, refundID)
+		if err != nil {
+			return err
+		}
+		return a.Save(ctx, tx, http.StatusOK, q)
+	})
+	if errors.Is(err, store.ErrNotRefundable) {
+		// A concurrent refund under another key committed first; Stripe saw
+		// both under refund:<id>, so there is still one refund.
+		return a.Save(ctx, s.pool, http.StatusConflict, alreadyRefunded)
+	}
+	if err == nil {
+		s.refunded.Add(ctx, 1)
+		s.log.Info("payment refunded", "payment_id", p.ID, "provider_refund_ref", refundID, "attempt", a.Number)
+	}
+	return err
+}
+
+var alreadyRefunded = errorBody("payment_already_refunded", "", "this payment has already been refunded")
+
+// providerError is a Stripe failure whose outcome is unknown: not saved, so
+// the client's retry (same Idempotency-Key) repeats the call under the same
+// Stripe key.
+func providerError(err error) error {
+	return &httpidem.Error{Status: http.StatusBadGateway, Code: "provider_unavailable",
+		Message: "the payment provider did not complete the request; retry with the same Idempotency-Key", Err: err}
+}
+
+func errorBody(code, field, message string) service.ErrorBody {
+	return service.ErrorBody{Error: service.ErrorDetail{Code: code, Field: field, Message: message}}
+}
+
+// traced continues the caller's W3C trace (traceparent header) in a server
+// span, so the traceparent stored with the outbox row, and carried on the
+// SQS message, joins the HTTP request's trace.
+func traced(next http.Handler) http.Handler {
+	tracer := otel.Tracer("github.com/effectively-once/payments-cashback/services/payments")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		name := r.Method
+		if rc := chi.RouteContext(ctx); rc != nil {
+			name += " " + rc.RoutePattern()
+		}
+		ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}

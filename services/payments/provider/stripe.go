@@ -1,0 +1,192 @@
+// Package provider charges and refunds through Stripe (stripe-go v76), or
+// stripe-mock in tests and local stacks.
+//
+// Every call carries a Stripe idempotency key derived from the payment id
+// (ChargeKey, RefundKey), never a random one: a retry after a crash, a
+// timeout or a lost response repeats the same call, and Stripe answers it
+// with the original result instead of charging or refunding again. Stripe
+// keeps keys for 24 hours, as long as the API keeps its own.
+//
+// Outcomes:
+//   - a charge the card network refused (Stripe error type card_error) is a
+//     *DeclinedError: final, the API saves and replays it;
+//   - anything else that fails (network, Stripe 5xx, timeouts, a response
+//     we cannot interpret) is an ordinary error: the outcome is unknown, the
+//     API saves nothing and a retry repeats the call under the same key.
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/paymentintent"
+	"github.com/stripe/stripe-go/v76/refund"
+)
+
+// ChargeKey is the Stripe idempotency key of a payment's charge.
+func ChargeKey(paymentID string) string { return "pi:" + paymentID }
+
+// RefundKey is the Stripe idempotency key of a payment's refund. A payment
+// is refunded in full at most once, so the key is per payment: two refund
+// requests with different API keys still make one Stripe refund.
+func RefundKey(paymentID string) string { return "refund:" + paymentID }
+
+// Config configures Stripe.
+type Config struct {
+	URL           string        // API base URL: https://api.stripe.com, or stripe-mock's
+	APIKey        string        // sk_test_... / sk_live_...
+	PaymentMethod string        // the payment method confirmed server-side [pm_card_visa]
+	Timeout       time.Duration // per HTTP attempt [20s]
+	// MaxRetries is how often stripe-go itself retries a failed call (same
+	// idempotency key) [2]; negative means none.
+	MaxRetries int
+	Logger     *slog.Logger
+}
+
+// Stripe is the payment provider.
+type Stripe struct {
+	intents paymentintent.Client
+	refunds refund.Client
+	method  string
+}
+
+// NewStripe returns a Stripe client with its own backend (no stripe-go
+// globals), so tests can point one at a recording proxy.
+func NewStripe(cfg Config) *Stripe {
+	if cfg.PaymentMethod == "" {
+		cfg.PaymentMethod = "pm_card_visa"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 20 * time.Second
+	}
+	retries := int64(cfg.MaxRetries)
+	if cfg.MaxRetries == 0 {
+		retries = 2
+	} else if cfg.MaxRetries < 0 {
+		retries = 0
+	}
+	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+		URL:               stripe.String(cfg.URL),
+		HTTPClient:        &http.Client{Timeout: cfg.Timeout},
+		MaxNetworkRetries: stripe.Int64(retries),
+		LeveledLogger:     slogAdapter{cfg.Logger},
+	})
+	return &Stripe{
+		intents: paymentintent.Client{B: backend, Key: cfg.APIKey},
+		refunds: refund.Client{B: backend, Key: cfg.APIKey},
+		method:  cfg.PaymentMethod,
+	}
+}
+
+// DeclinedError is a final refusal of a charge.
+type DeclinedError struct {
+	Code    string // Stripe's decline code, e.g. card_declined, insufficient_funds
+	Message string
+}
+
+func (e *DeclinedError) Error() string { return "declined: " + e.Code + ": " + e.Message }
+
+// Charge is what to charge.
+type Charge struct {
+	PaymentID   string
+	UserID      string
+	AmountPaise int64
+	Currency    string // ISO 4217, upper case
+	Method      string // the API's method label (upi, card, ...), kept as metadata
+}
+
+// Charge creates and confirms a PaymentIntent under ChargeKey(PaymentID)
+// and returns its id.
+func (s *Stripe) Charge(ctx context.Context, c Charge) (string, error) {
+	params := &stripe.PaymentIntentParams{
+		Amount:             stripe.Int64(c.AmountPaise),
+		Currency:           stripe.String(strings.ToLower(c.Currency)),
+		PaymentMethod:      stripe.String(s.method),
+		PaymentMethodTypes: stripe.StringSlice([]string{"card"}),
+		Confirm:            stripe.Bool(true),
+	}
+	params.Context = ctx
+	params.SetIdempotencyKey(ChargeKey(c.PaymentID))
+	params.AddMetadata("payment_id", c.PaymentID)
+	params.AddMetadata("user_id", c.UserID)
+	params.AddMetadata("method", c.Method)
+	pi, err := s.intents.New(params)
+	if err != nil {
+		var se *stripe.Error
+		if errors.As(err, &se) && se.Type == stripe.ErrorTypeCard {
+			code := string(se.DeclineCode)
+			if code == "" {
+				code = string(se.Code)
+			}
+			return "", &DeclinedError{Code: code, Message: se.Msg}
+		}
+		return "", fmt.Errorf("stripe: create payment intent %s: %w", ChargeKey(c.PaymentID), err)
+	}
+	switch {
+	case pi.Status == stripe.PaymentIntentStatusSucceeded, fromStripeMock(pi.LastResponse):
+		return pi.ID, nil
+	case pi.Status == stripe.PaymentIntentStatusRequiresPaymentMethod, pi.Status == stripe.PaymentIntentStatusCanceled:
+		return "", &DeclinedError{Code: "payment_failed", Message: "the payment method was not charged (payment intent " + string(pi.Status) + ")"}
+	default:
+		// processing, requires_action, ...: asynchronous or customer-driven
+		// completion, which needs webhooks this service does not handle.
+		// Not final: a retry asks Stripe again under the same key.
+		return "", fmt.Errorf("stripe: payment intent %s is %s: not completed synchronously", pi.ID, pi.Status)
+	}
+}
+
+// Refund refunds the payment intent in full under RefundKey(paymentID) and
+// returns the refund id.
+func (s *Stripe) Refund(ctx context.Context, paymentID, intentID string) (string, error) {
+	params := &stripe.RefundParams{PaymentIntent: stripe.String(intentID)}
+	params.Context = ctx
+	params.SetIdempotencyKey(RefundKey(paymentID))
+	params.AddMetadata("payment_id", paymentID)
+	r, err := s.refunds.New(params)
+	if err != nil {
+		return "", fmt.Errorf("stripe: refund %s: %w", RefundKey(paymentID), err)
+	}
+	switch r.Status {
+	case stripe.RefundStatusSucceeded, stripe.RefundStatusPending:
+		return r.ID, nil // pending refunds complete without further action
+	default:
+		return "", fmt.Errorf("stripe: refund %s is %s", r.ID, r.Status)
+	}
+}
+
+// fromStripeMock reports whether a response came from stripe-mock, which
+// marks every response with a Stripe-Mock-Version header and answers with
+// hard-coded fixtures: its payment intents always say
+// "requires_payment_method", whatever happened. Their status then carries
+// no information and a 2xx is taken as the charge succeeding. The real
+// Stripe API never sends this header.
+func fromStripeMock(resp *stripe.APIResponse) bool {
+	return resp != nil && resp.Header.Get("Stripe-Mock-Version") != ""
+}
+
+// slogAdapter routes stripe-go's own log lines into the service's JSON log.
+// Its errors are returned to us as well, and handled there: they are
+// logged as warnings here, and its chatter as debug.
+type slogAdapter struct{ log *slog.Logger }
+
+func (a slogAdapter) Debugf(format string, v ...any) {
+	a.log.Debug("stripe-go: " + fmt.Sprintf(format, v...))
+}
+func (a slogAdapter) Infof(format string, v ...any) {
+	a.log.Debug("stripe-go: " + fmt.Sprintf(format, v...))
+}
+func (a slogAdapter) Warnf(format string, v ...any) {
+	a.log.Warn("stripe-go: " + fmt.Sprintf(format, v...))
+}
+func (a slogAdapter) Errorf(format string, v ...any) {
+	a.log.Warn("stripe-go: " + fmt.Sprintf(format, v...))
+}

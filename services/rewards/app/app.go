@@ -1,0 +1,149 @@
+// Package app wires the rewards service: schema, the payments-events
+// subscriber feeding the idempotent consumer "rewards", the outbox relay to
+// rewards-events, dedupe-partition maintenance and the HTTP API. main.go
+// only loads the configuration and runs the tasks; tests build the same
+// App against the test stack.
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/pkg/migrate"
+	"github.com/effectively-once/payments-cashback/pkg/outbox"
+	"github.com/effectively-once/payments-cashback/pkg/service"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/services/rewards/api"
+	"github.com/effectively-once/payments-cashback/services/rewards/cashback"
+	"github.com/effectively-once/payments-cashback/services/rewards/migrations"
+)
+
+// Config is the service's environment.
+type Config struct {
+	DatabaseURL   string `env:"REWARDS_DATABASE_URL,required,notEmpty"`
+	Port          string `env:"PORT" envDefault:"8082"`
+	PaymentsQueue string `env:"PAYMENTS_QUEUE" envDefault:"payments-events"`
+	RewardsQueue  string `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
+	// Concurrency is how many payment events are handled at once.
+	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
+	// DedupeRetention is the dedupe window: it must outlast SQS's 14-day
+	// maximum retention by a day, so the service refuses to start below 360h.
+	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
+	// Test hooks, inert unless set: see cashback.EnvFailEventIDs and
+	// cashback.EnvFailFirstN.
+	FailEventIDs string `env:"REWARDS_FAIL_EVENT_IDS"`
+	FailFirstN   string `env:"REWARDS_FAIL_FIRST_N"`
+
+	// Tuning for tests; zero takes the library defaults.
+	QueueWait  time.Duration                 `env:"QUEUE_WAIT" envDefault:"2m"`
+	Subscriber sqstransport.SubscriberConfig `env:"-"`
+	Relay      outbox.RelayConfig            `env:"-"`
+}
+
+// sqsMaxRetention is the longest SQS keeps a message (source queue or DLQ).
+const sqsMaxRetention = 14 * 24 * time.Hour
+
+// App is the wired service.
+type App struct {
+	Processor *cashback.Processor
+	Fail      *cashback.FailHook // the test hook (inert unless configured)
+	Router    http.Handler
+
+	pool       *pgxpool.Pool
+	subscriber *sqstransport.Subscriber
+	relay      *outbox.Relay
+	retention  time.Duration
+	addr       string
+	log        *slog.Logger
+}
+
+// Migrate applies the schema this service needs: the outbox, the dedupe
+// table (processed_messages) and its own tables.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if err := idempotent.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	return migrate.Up(ctx, pool, migrations.FS, migrations.VersionTable)
+}
+
+// New migrates the database and wires everything; nothing runs until the
+// tasks do.
+func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client, metrics http.Handler, log *slog.Logger) (*App, error) {
+	if err := idempotent.ValidateRetention(cfg.DedupeRetention, sqsMaxRetention); err != nil {
+		return nil, fmt.Errorf("DEDUPE_RETENTION: %w", err)
+	}
+	if err := Migrate(ctx, pool); err != nil {
+		return nil, err
+	}
+	if _, err := idempotent.EnsurePartitions(ctx, pool, cfg.DedupeRetention, idempotent.DefaultPartitionsAhead); err != nil {
+		return nil, err
+	}
+	fail, err := cashback.ParseFailHook(cfg.FailEventIDs, cfg.FailFirstN)
+	if err != nil {
+		return nil, err
+	}
+	if fail.Armed() {
+		log.Warn("test hook armed: handling of some payment events will fail on purpose",
+			cashback.EnvFailEventIDs, cfg.FailEventIDs, cashback.EnvFailFirstN, cfg.FailFirstN)
+	}
+	consumer, err := idempotent.NewConsumer(pool, cashback.ConsumerName,
+		idempotent.WithRetention(cfg.DedupeRetention), idempotent.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	proc, err := cashback.NewProcessor(consumer, fail, log)
+	if err != nil {
+		return nil, err
+	}
+
+	paymentsURL, err := service.QueueURL(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, log)
+	if err != nil {
+		return nil, err
+	}
+	rewardsURL, err := service.QueueURL(ctx, client, cfg.RewardsQueue, cfg.QueueWait, log)
+	if err != nil {
+		return nil, err
+	}
+	sc := cfg.Subscriber
+	sc.QueueURL, sc.Concurrency, sc.Logger = paymentsURL, cfg.Concurrency, log
+	sub, err := sqstransport.NewSubscriber(client, sc, proc.HandleDelivery)
+	if err != nil {
+		return nil, err
+	}
+	rc := cfg.Relay
+	rc.Logger = log
+	relay, err := outbox.NewRelay(pool, sqstransport.NewPublisher(client, rewardsURL, 0), rc)
+	if err != nil {
+		return nil, err
+	}
+
+	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping})
+	api.Routes(r, pool)
+	return &App{Processor: proc, Fail: fail, Router: r, pool: pool, subscriber: sub, relay: relay,
+		retention: cfg.DedupeRetention, addr: service.ListenAddr(cfg.Port), log: log}, nil
+}
+
+// Tasks are the service's long-running parts, for service.Run.
+func (a *App) Tasks() []service.Task {
+	return []service.Task{
+		service.HTTPTask(a.addr, a.Router, a.log),
+		{Name: "subscriber payments-events", Run: a.subscriber.Run},
+		{Name: "outbox relay rewards-events", Run: a.relay.Run},
+		{Name: "processed_messages partition maintenance", Run: func(ctx context.Context) error {
+			return idempotent.MaintainPartitions(ctx, a.pool, a.retention, 0, a.log)
+		}},
+	}
+}
+
+// Workers are Tasks without the HTTP server (tests serve Router themselves).
+func (a *App) Workers() []service.Task { return a.Tasks()[1:] }

@@ -1,0 +1,87 @@
+package cashback
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/effectively-once/payments-cashback/pkg/events"
+)
+
+// Currency is the only currency cashback is computed in (amounts are paise).
+const Currency = "INR"
+
+// PaymentPayload is the payload of PaymentSucceeded and PaymentRefunded.
+// Unknown fields are ignored: producers may add fields freely.
+type PaymentPayload struct {
+	PaymentID   string `json:"payment_id"`
+	UserID      string `json:"user_id"`
+	AmountPaise int64  `json:"amount_paise"`
+	Currency    string `json:"currency"`
+	Status      string `json:"status"`
+	// Phone, if the producer knows it, is passed on as the SMS recipient.
+	Phone string `json:"phone,omitempty"`
+}
+
+// CreditedPayload is the payload of CashbackCredited (aggregate: the
+// payment id, version 1).
+type CreditedPayload struct {
+	PaymentID          string `json:"payment_id"`
+	UserID             string `json:"user_id"`
+	AmountPaise        int64  `json:"amount_paise"` // the cashback
+	RateBP             int    `json:"rate_bp"`
+	PaymentAmountPaise int64  `json:"payment_amount_paise"`
+	Currency           string `json:"currency"`
+	Recipient          string `json:"recipient"` // phone if known, else the user id
+	SourceEventID      string `json:"source_event_id"`
+}
+
+// ReversedPayload is the payload of CashbackReversed (aggregate: the
+// payment id, version 2).
+type ReversedPayload struct {
+	PaymentID     string `json:"payment_id"`
+	UserID        string `json:"user_id"`
+	AmountPaise   int64  `json:"amount_paise"` // the cashback taken back
+	RateBP        int    `json:"rate_bp"`
+	Currency      string `json:"currency"`
+	Recipient     string `json:"recipient"`
+	Reason        string `json:"reason"`
+	SourceEventID string `json:"source_event_id"`
+}
+
+// Aggregate versions of the cashback events: one credit, one reversal per
+// payment, so the version says which came first.
+const (
+	creditedVersion = 1
+	reversedVersion = 2
+)
+
+// decodePayment reads and checks a payment event's payload. Its errors are
+// permanent: no redelivery changes the payload.
+func decodePayment(e events.Envelope, needAmount bool) (PaymentPayload, error) {
+	var p PaymentPayload
+	if err := json.Unmarshal(e.Payload, &p); err != nil {
+		return p, fmt.Errorf("%s payload: %w", e.EventType, err)
+	}
+	if p.PaymentID == "" {
+		p.PaymentID = e.AggregateID
+	}
+	switch {
+	case p.PaymentID != e.AggregateID:
+		return p, fmt.Errorf("%s payload: payment_id %q differs from aggregate_id %q", e.EventType, p.PaymentID, e.AggregateID)
+	case needAmount && p.UserID == "":
+		return p, fmt.Errorf("%s payload: user_id missing", e.EventType)
+	case needAmount && p.AmountPaise <= 0:
+		return p, fmt.Errorf("%s payload: amount_paise must be positive, got %d", e.EventType, p.AmountPaise)
+	case needAmount && !strings.EqualFold(p.Currency, Currency):
+		return p, fmt.Errorf("%s payload: currency %q: cashback is only paid on %s", e.EventType, p.Currency, Currency)
+	}
+	return p, nil
+}
+
+func (p PaymentPayload) recipient() string {
+	if p.Phone != "" {
+		return p.Phone
+	}
+	return p.UserID
+}

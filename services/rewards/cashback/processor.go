@@ -1,0 +1,285 @@
+package cashback
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/pkg/outbox"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+)
+
+// ConsumerName scopes this service's dedupe keys in processed_messages.
+const ConsumerName = "rewards"
+
+// Result says what applying one payment event did. It is logged and
+// counted (rewards_events_total{result}).
+type Result string
+
+const (
+	// Credited: a new credit, a wallet credit and a CashbackCredited event.
+	Credited Result = "credited"
+	// DuplicatePayment: the payment was already credited under another
+	// event id (rule 3). Nothing changed; the dedupe row commits and the
+	// message is acked.
+	DuplicatePayment Result = "duplicate_payment"
+	// IgnoredAfterRefund: a PaymentSucceeded for a payment already seen
+	// REFUNDED at the same or a later version (rule 5). Nothing changed.
+	IgnoredAfterRefund Result = "ignored_after_refund"
+	// Reversed: the credit was reversed, the wallet debited and a
+	// CashbackReversed event written.
+	Reversed Result = "reversed"
+	// RefundBeforeCredit: the refund overtook its PaymentSucceeded. The
+	// payment is recorded REFUNDED, so the later PaymentSucceeded credits
+	// nothing; there was nothing to reverse.
+	RefundBeforeCredit Result = "refund_before_credit"
+	// DuplicateRefund: the payment was already REFUNDED (a second refund
+	// event id). Nothing changed.
+	DuplicateRefund Result = "duplicate_refund"
+)
+
+// Processor applies payment events. Its HandleDelivery is the
+// sqstransport.Handler of the payments-events subscriber.
+type Processor struct {
+	consumer *idempotent.Consumer
+	fail     *FailHook
+	log      *slog.Logger
+	results  metric.Int64Counter
+}
+
+// NewProcessor returns a Processor deduplicating through consumer (named
+// ConsumerName). fail may be nil (no injected failures).
+func NewProcessor(consumer *idempotent.Consumer, fail *FailHook, log *slog.Logger) (*Processor, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	c, err := otel.Meter("github.com/effectively-once/payments-cashback/services/rewards").Int64Counter("rewards_events_total",
+		metric.WithDescription("Payment events applied by rewards, by event type and result."))
+	if err != nil {
+		return nil, err
+	}
+	return &Processor{consumer: consumer, fail: fail, log: log, results: c}, nil
+}
+
+// HandleDelivery is the subscriber's handler: nil means committed (now or
+// before), so the message may be deleted.
+func (p *Processor) HandleDelivery(ctx context.Context, d sqstransport.Delivery) error {
+	return p.Handle(ctx, d.Envelope)
+}
+
+// Handle applies e at most once. It returns nil when e's effect is
+// committed (Applied or Duplicate), a permanent error (parked in the DLQ:
+// unknown type, bad payload, reused event id, older than the dedupe
+// window, a contradiction in the payment's history) or a transient one
+// (rolled back; the redelivery tries again).
+func (p *Processor) Handle(ctx context.Context, e events.Envelope) error {
+	apply, err := p.effectFor(e)
+	if err != nil {
+		p.log.ErrorContext(ctx, "payment event refused", "event_id", e.EventID, "event_type", e.EventType, "error", err)
+		return sqstransport.Permanent(err)
+	}
+	var res Result
+	out, err := p.consumer.Handle(ctx, idempotent.MessageOf(e), func(ctx context.Context, tx pgx.Tx) error {
+		r, err := apply(ctx, tx)
+		if err != nil {
+			return err
+		}
+		// The test hook fails after every write of the effect, so an
+		// injected failure also proves that a failed attempt commits nothing.
+		if err := p.fail.Check(e.EventID); err != nil {
+			return err
+		}
+		res = r
+		return nil
+	})
+	if !out.Done() {
+		return err // permanent ones (conflict, expired, contradiction) are parked by the subscriber
+	}
+	if out == idempotent.Duplicate {
+		return nil
+	}
+	p.results.Add(ctx, 1, metric.WithAttributes(attribute.String("event_type", e.EventType), attribute.String("result", string(res))))
+	log := p.log.With("event_id", e.EventID, "event_type", e.EventType, "payment_id", e.AggregateID,
+		"aggregate_version", e.AggregateVersion, "result", string(res))
+	switch res {
+	case DuplicatePayment:
+		log.WarnContext(ctx, "payment already credited under another event id: no second credit (upstream emitted it twice)")
+	case IgnoredAfterRefund:
+		log.WarnContext(ctx, "PaymentSucceeded after the payment's refund: stale copy ignored")
+	case DuplicateRefund:
+		log.WarnContext(ctx, "payment already refunded under another event id: nothing to do")
+	default:
+		log.InfoContext(ctx, "payment event applied")
+	}
+	return nil
+}
+
+// apply is the body of one event's transaction, after the dedupe row.
+type apply func(ctx context.Context, tx pgx.Tx) (Result, error)
+
+// effectFor decodes e and picks its effect; an error is permanent.
+func (p *Processor) effectFor(e events.Envelope) (apply, error) {
+	switch e.EventType {
+	case events.PaymentSucceeded:
+		pay, err := decodePayment(e, true)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context, tx pgx.Tx) (Result, error) { return credit(ctx, tx, e, pay) }, nil
+	case events.PaymentRefunded:
+		pay, err := decodePayment(e, false)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context, tx pgx.Tx) (Result, error) { return reverse(ctx, tx, e, pay) }, nil
+	default:
+		return nil, fmt.Errorf("rewards does not handle event type %q", e.EventType)
+	}
+}
+
+// lockPayment records the payment's state (status at version, set by
+// eventID) if it is the first event seen for it, else locks its row. Every
+// event of one payment serialises here: the INSERT waits on the primary
+// key for a concurrent transaction of the same payment (claim with an
+// INSERT that can conflict, never SELECT-then-INSERT). It returns the state
+// before this event, or inserted = true.
+func lockPayment(ctx context.Context, tx pgx.Tx, paymentID, status string, version int64, eventID uuid.UUID) (inserted bool, prevStatus string, prevVersion int64, err error) {
+	tag, err := tx.Exec(ctx, `INSERT INTO payment_versions (payment_id, status, version, last_event_id)
+		VALUES ($1, $2, $3, $4) ON CONFLICT (payment_id) DO NOTHING`, paymentID, status, version, eventID)
+	if err != nil {
+		return false, "", 0, fmt.Errorf("record payment version: %w", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return true, "", 0, nil
+	}
+	err = tx.QueryRow(ctx, `SELECT status, version FROM payment_versions WHERE payment_id = $1 FOR UPDATE`,
+		paymentID).Scan(&prevStatus, &prevVersion)
+	if err != nil {
+		return false, "", 0, fmt.Errorf("lock payment version: %w", err)
+	}
+	return false, prevStatus, prevVersion, nil
+}
+
+// credit applies PaymentSucceeded.
+func credit(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPayload) (Result, error) {
+	inserted, status, version, err := lockPayment(ctx, tx, pay.PaymentID, "SUCCEEDED", e.AggregateVersion, e.EventID)
+	if err != nil {
+		return "", err
+	}
+	if !inserted {
+		if status == "REFUNDED" {
+			if e.AggregateVersion > version {
+				// A refund is terminal: a payment cannot succeed again after
+				// it. Park it for a human rather than guess.
+				return "", sqstransport.Permanent(fmt.Errorf(
+					"PaymentSucceeded version %d is newer than the payment's refund (version %d): contradictory history",
+					e.AggregateVersion, version))
+			}
+			return IgnoredAfterRefund, nil
+		}
+		if _, err := tx.Exec(ctx, `UPDATE payment_versions SET version = $2, updated_at = now()
+			WHERE payment_id = $1 AND version < $2`, pay.PaymentID, e.AggregateVersion); err != nil {
+			return "", err
+		}
+	}
+
+	rate, err := RateAt(ctx, tx, e.OccurredAt) // rule 4: the rate at occurred_at, not now
+	if err != nil {
+		return "", err
+	}
+	amount, err := Amount(pay.AmountPaise, rate)
+	if err != nil {
+		return "", sqstransport.Permanent(err)
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO cashback_credits
+		(payment_id, user_id, recipient, payment_amount_paise, currency, rate_bp, amount_paise, event_id, payment_version, occurred_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		ON CONFLICT (payment_id) DO NOTHING`,
+		pay.PaymentID, pay.UserID, pay.recipient(), pay.AmountPaise, Currency, rate, amount, e.EventID, e.AggregateVersion, e.OccurredAt)
+	if err != nil {
+		return "", fmt.Errorf("insert credit: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return DuplicatePayment, nil // rule 3: UNIQUE (payment_id)
+	}
+	if err := moveWallet(ctx, tx, pay.UserID, amount); err != nil {
+		return "", err
+	}
+	ev, err := events.New(events.CashbackCredited, pay.PaymentID, creditedVersion, CreditedPayload{
+		PaymentID: pay.PaymentID, UserID: pay.UserID, AmountPaise: amount, RateBP: rate,
+		PaymentAmountPaise: pay.AmountPaise, Currency: Currency, Recipient: pay.recipient(),
+		SourceEventID: e.EventID.String(),
+	})
+	if err != nil {
+		return "", err
+	}
+	return Credited, outbox.Add(ctx, tx, ev)
+}
+
+// reverse applies PaymentRefunded: the whole credit is reversed (partial
+// refunds are not modelled: any refund takes the cashback back).
+func reverse(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPayload) (Result, error) {
+	inserted, status, _, err := lockPayment(ctx, tx, pay.PaymentID, "REFUNDED", e.AggregateVersion, e.EventID)
+	if err != nil {
+		return "", err
+	}
+	if inserted {
+		// The refund overtook its PaymentSucceeded: nothing is credited yet,
+		// and the REFUNDED row makes the later PaymentSucceeded a no-op.
+		return RefundBeforeCredit, nil
+	}
+	if status == "REFUNDED" {
+		return DuplicateRefund, nil
+	}
+	if _, err := tx.Exec(ctx, `UPDATE payment_versions SET status = 'REFUNDED', version = greatest(version, $2),
+		last_event_id = $3, updated_at = now() WHERE payment_id = $1`, pay.PaymentID, e.AggregateVersion, e.EventID); err != nil {
+		return "", err
+	}
+	var c struct {
+		UserID, Recipient string
+		Amount            int64
+		RateBP            int
+	}
+	err = tx.QueryRow(ctx, `UPDATE cashback_credits SET status = 'REVERSED', reversed_at = now(), reversal_event_id = $2
+		WHERE payment_id = $1 AND status = 'CREDITED'
+		RETURNING user_id, recipient, amount_paise, rate_bp`, pay.PaymentID, e.EventID).Scan(&c.UserID, &c.Recipient, &c.Amount, &c.RateBP)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// SUCCEEDED seen but no credit row: cannot happen (they commit
+		// together), unless the credit was refused; nothing to reverse.
+		return RefundBeforeCredit, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reverse credit: %w", err)
+	}
+	if err := moveWallet(ctx, tx, c.UserID, -c.Amount); err != nil {
+		return "", err
+	}
+	ev, err := events.New(events.CashbackReversed, pay.PaymentID, reversedVersion, ReversedPayload{
+		PaymentID: pay.PaymentID, UserID: c.UserID, AmountPaise: c.Amount, RateBP: c.RateBP, Currency: Currency,
+		Recipient: c.Recipient, Reason: "payment refunded", SourceEventID: e.EventID.String(),
+	})
+	if err != nil {
+		return "", err
+	}
+	return Reversed, outbox.Add(ctx, tx, ev)
+}
+
+// moveWallet adds delta paise to the user's wallet, creating it at 0.
+func moveWallet(ctx context.Context, tx pgx.Tx, userID string, delta int64) error {
+	_, err := tx.Exec(ctx, `INSERT INTO wallets (user_id, balance_paise) VALUES ($1, $2)
+		ON CONFLICT (user_id) DO UPDATE SET balance_paise = wallets.balance_paise + EXCLUDED.balance_paise, updated_at = now()`,
+		userID, delta)
+	if err != nil {
+		return fmt.Errorf("move wallet: %w", err)
+	}
+	return nil
+}
