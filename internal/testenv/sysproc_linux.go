@@ -15,6 +15,10 @@ import (
 // deathSig when this test process dies, so a crashed or killed test binary
 // leaves no server behind; asPostgres runs it as the postgres system user
 // (initdb and postgres refuse to run as root).
+//
+// Linux sends deathSig when the forking *thread* exits; Go only retires
+// threads of goroutines that exit while locked with runtime.LockOSThread,
+// which tests here don't do.
 func childAttr(asPostgres bool, deathSig syscall.Signal) (*syscall.SysProcAttr, error) {
 	attr := &syscall.SysProcAttr{Pdeathsig: deathSig}
 	if asPostgres {

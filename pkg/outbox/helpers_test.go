@@ -159,6 +159,9 @@ func receive(t testing.TB, c *sqs.Client, q string, want int, timeout time.Durat
 func receiveBatch(ctx context.Context, c *sqs.Client, q string, wait int32) ([]received, error) {
 	out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 		QueueUrl: aws.String(q), MaxNumberOfMessages: 10, WaitTimeSeconds: wait,
+		// Short, so that a response lost on the wire (the SDK retries the
+		// call; the messages it carried stay invisible) costs seconds, not 30.
+		VisibilityTimeout: 5,
 		MessageAttributeNames:       []string{"All"},
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount},
 	})

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"reflect"
 	"strings"
 	"syscall"
 	"time"
@@ -31,9 +32,34 @@ import (
 func LoadConfig[T any]() (T, error) {
 	var cfg T
 	if err := env.Parse(&cfg); err != nil {
-		return cfg, fmt.Errorf("configuration: %w", err)
+		return cfg, fmt.Errorf("configuration: %w", nameVariables(reflect.TypeOf(cfg), err))
 	}
 	return cfg, nil
+}
+
+// nameVariables rewrites env's parse errors, which name the Go field
+// ("LockTimeout"), to name the environment variable an operator sets
+// ("IDEMPOTENCY_LOCK_TIMEOUT"). Other errors already name the variable.
+func nameVariables(t reflect.Type, err error) error {
+	var agg env.AggregateError
+	if t.Kind() != reflect.Struct || !errors.As(err, &agg) {
+		return err
+	}
+	vars := map[string]string{}
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("env"), ","); name != "" {
+			vars[t.Field(i).Name] = name
+		}
+	}
+	errs := make([]error, 0, len(agg.Errors))
+	for _, e := range agg.Errors {
+		var pe env.ParseError
+		if errors.As(e, &pe) && vars[pe.Name] != "" {
+			e = fmt.Errorf("%s: invalid value: %w", vars[pe.Name], pe.Err)
+		}
+		errs = append(errs, e)
+	}
+	return errors.Join(errs...)
 }
 
 // NewLogger returns a JSON logger tagged with the service name, at the level

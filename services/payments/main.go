@@ -40,7 +40,7 @@ import (
 )
 
 type config struct {
-	DatabaseURL         string        `env:"PAYMENTS_DATABASE_URL,required"`
+	DatabaseURL         string        `env:"PAYMENTS_DATABASE_URL,required,notEmpty"`
 	Port                string        `env:"PORT" envDefault:"8081"`
 	Role                string        `env:"ROLE" envDefault:"all"`
 	RelayEnabled        bool          `env:"RELAY_ENABLED" envDefault:"true"`

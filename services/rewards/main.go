@@ -40,6 +40,7 @@ func main() {
 	if err != nil {
 		service.Fatal(log, "start", err)
 	}
+	defer a.Close()
 	if err := service.Run(ctx, log, a.Tasks()...); err != nil {
 		service.Fatal(log, "stopped", err)
 	}

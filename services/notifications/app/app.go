@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/pkg/idempotent/inboxsqs"
 	"github.com/effectively-once/payments-cashback/pkg/migrate"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
@@ -88,6 +89,7 @@ type App struct {
 
 	subscriber *sqstransport.Subscriber
 	processor  *idempotent.Processor
+	maintainer *idempotent.Maintainer
 	addr       string
 	log        *slog.Logger
 }
@@ -102,7 +104,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 
 // New migrates the database and wires everything; nothing runs until the
 // tasks do.
-func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client, metrics http.Handler, log *slog.Logger) (*App, error) {
+func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client, metrics http.Handler, log *slog.Logger) (_ *App, err error) {
 	policies, err := cfg.Policies()
 	if err != nil {
 		return nil, err
@@ -127,10 +129,22 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	}
 	log.Info("sender configured", "provider_lookup", snd.CanLookup(), "policies", policies, "lease", cfg.SendingLease)
 
-	inbox, err := idempotent.NewInbox(pool, ConsumerName, idempotent.InboxConfig{Retention: cfg.DedupeRetention, Logger: log})
+	// Deletes DONE inbox rows once they fall out of the dedupe window.
+	maint, err := idempotent.NewMaintainer(pool, idempotent.MaintainerConfig{Retention: cfg.DedupeRetention, Logger: log})
 	if err != nil {
 		return nil, err
 	}
+	inbox, err := idempotent.NewInbox(pool, ConsumerName, idempotent.InboxConfig{Retention: cfg.DedupeRetention, Logger: log})
+	if err != nil {
+		maint.Close()
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			maint.Close()
+			_ = inbox.Close()
+		}
+	}()
 	pc := cfg.Processor
 	pc.Logger = log
 	proc, err := inbox.NewProcessor(intent.Handler, pc)
@@ -151,7 +165,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 
 	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping})
 	api.Routes(r, pool)
-	return &App{Sender: snd, Inbox: inbox, Router: r, subscriber: sub, processor: proc,
+	return &App{Sender: snd, Inbox: inbox, Router: r, subscriber: sub, processor: proc, maintainer: maint,
 		addr: service.ListenAddr(cfg.Port), log: log}, nil
 }
 
@@ -160,12 +174,12 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 // payload) are refused before they are stored, so the subscriber parks
 // them in the DLQ instead of leaving a FAILED row that blocks its key.
 func receiver(inbox *idempotent.Inbox) sqstransport.Handler {
-	store := inbox.Receiver(idempotent.ByAggregate)
+	store := inboxsqs.Handler(inbox, idempotent.ByAggregate)
 	return func(ctx context.Context, d sqstransport.Delivery) error {
 		if _, err := intent.Build(d.Envelope); err != nil {
 			return err // permanent
 		}
-		return store(ctx, d.Envelope)
+		return store(ctx, d)
 	}
 }
 
@@ -180,5 +194,13 @@ func (a *App) Workers() []service.Task {
 		{Name: "subscriber rewards-events (inbox receiver)", Run: a.subscriber.Run},
 		{Name: "inbox processor", Run: a.processor.Run},
 		{Name: "sms sender", Run: a.Sender.Run},
+		{Name: "inbox retention maintenance", Run: a.maintainer.Run},
 	}
+}
+
+// Close releases the maintainer's connection and the inbox's gauges (call
+// after the tasks end).
+func (a *App) Close() {
+	a.maintainer.Close()
+	_ = a.Inbox.Close()
 }

@@ -186,7 +186,9 @@ func (e *env) do(method, path, key, body string) response {
 	return r
 }
 
-func (e *env) create(key, body string) response { return e.do(http.MethodPost, "/v1/payments", key, body) }
+func (e *env) create(key, body string) response {
+	return e.do(http.MethodPost, "/v1/payments", key, body)
+}
 
 func (e *env) refund(id, key string) response {
 	return e.do(http.MethodPost, "/v1/payments/"+id+"/refund", key, "")

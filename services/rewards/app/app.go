@@ -59,7 +59,7 @@ type App struct {
 	pool       *pgxpool.Pool
 	subscriber *sqstransport.Subscriber
 	relay      *outbox.Relay
-	retention  time.Duration
+	maintainer *idempotent.Maintainer
 	addr       string
 	log        *slog.Logger
 }
@@ -78,15 +78,29 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 
 // New migrates the database and wires everything; nothing runs until the
 // tasks do.
-func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client, metrics http.Handler, log *slog.Logger) (*App, error) {
+func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client, metrics http.Handler, log *slog.Logger) (_ *App, err error) {
 	if err := idempotent.ValidateRetention(cfg.DedupeRetention, sqsMaxRetention); err != nil {
 		return nil, fmt.Errorf("DEDUPE_RETENTION: %w", err)
 	}
 	if err := Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
-	if _, err := idempotent.EnsurePartitions(ctx, pool, cfg.DedupeRetention, idempotent.DefaultPartitionsAhead); err != nil {
+	// Creates processed_messages' partitions for this window now, drops
+	// expired ones, and keeps doing so hourly while the service runs.
+	maint, err := idempotent.NewMaintainer(pool, idempotent.MaintainerConfig{
+		Retention: cfg.DedupeRetention, QueueRetention: sqsMaxRetention, Logger: log})
+	if err != nil {
 		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			maint.Close()
+		}
+	}()
+	if _, err := maint.RunOnce(ctx); err != nil {
+		// Migrate made the partitions of the default window; the hourly
+		// round retries whatever failed here (typically a lock timeout).
+		log.Warn("dedupe maintenance at start failed; retried hourly", "error", err)
 	}
 	fail, err := cashback.ParseFailHook(cfg.FailEventIDs, cfg.FailFirstN)
 	if err != nil {
@@ -130,7 +144,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping})
 	api.Routes(r, pool)
 	return &App{Processor: proc, Fail: fail, Router: r, pool: pool, subscriber: sub, relay: relay,
-		retention: cfg.DedupeRetention, addr: service.ListenAddr(cfg.Port), log: log}, nil
+		maintainer: maint, addr: service.ListenAddr(cfg.Port), log: log}, nil
 }
 
 // Tasks are the service's long-running parts, for service.Run.
@@ -139,11 +153,12 @@ func (a *App) Tasks() []service.Task {
 		service.HTTPTask(a.addr, a.Router, a.log),
 		{Name: "subscriber payments-events", Run: a.subscriber.Run},
 		{Name: "outbox relay rewards-events", Run: a.relay.Run},
-		{Name: "processed_messages partition maintenance", Run: func(ctx context.Context) error {
-			return idempotent.MaintainPartitions(ctx, a.pool, a.retention, 0, a.log)
-		}},
+		{Name: "dedupe retention maintenance", Run: a.maintainer.Run},
 	}
 }
+
+// Close releases the maintainer's own connection (call after the tasks end).
+func (a *App) Close() { a.maintainer.Close() }
 
 // Workers are Tasks without the HTTP server (tests serve Router themselves).
 func (a *App) Workers() []service.Task { return a.Tasks()[1:] }

@@ -99,6 +99,7 @@ func start(t *testing.T, o options) *stack {
 		t.Fatal(err)
 	}
 	s.app = a
+	t.Cleanup(a.Close)
 	s.http = httptest.NewServer(a.Router)
 	t.Cleanup(s.http.Close)
 	if !o.noWorkers {

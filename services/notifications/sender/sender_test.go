@@ -1,0 +1,433 @@
+package sender_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectively-once/payments-cashback/internal/testenv"
+	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/migrate"
+	"github.com/effectively-once/payments-cashback/services/notifications/intent"
+	"github.com/effectively-once/payments-cashback/services/notifications/migrations"
+	"github.com/effectively-once/payments-cashback/services/notifications/sender"
+	"github.com/effectively-once/payments-cashback/services/notifications/sms"
+	"github.com/effectively-once/payments-cashback/services/notifications/smsprovider"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// env is a notifications database and a dev provider.
+type env struct {
+	t        *testing.T
+	pool     *pgxpool.Pool
+	provider *smsprovider.Server
+	client   *sms.HTTPProvider
+	url      string
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	pool := testenv.DB(t)
+	if err := migrate.Up(context.Background(), pool, migrations.FS, migrations.VersionTable); err != nil {
+		t.Fatal(err)
+	}
+	p := smsprovider.New()
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return &env{t: t, pool: pool, provider: p, client: sms.NewHTTPProvider(srv.URL, 200*time.Millisecond), url: srv.URL}
+}
+
+// fast is a sender config with test-sized timings: calls time out after
+// 200ms, a SENDING row is stale after 400ms, retries wait ~50ms.
+func fast() sender.Config {
+	return sender.Config{SendTimeout: 200 * time.Millisecond, Lease: 400 * time.Millisecond,
+		RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond, MaxAttempts: 5}
+}
+
+func (e *env) sender(p sms.Provider, cfg sender.Config) *sender.Sender {
+	e.t.Helper()
+	s, err := sender.New(e.pool, p, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+// intent records the SMS intent of a fresh CashbackCredited and returns it.
+func (e *env) intent() events.Envelope {
+	e.t.Helper()
+	ev, err := events.New(events.CashbackCredited, "pay_42", 1, map[string]any{
+		"payment_id": "pay_42", "user_id": "u_17", "amount_paise": 2400, "rate_bp": 200, "recipient": "+919800000017"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if ok, err := intent.Record(ctx, tx, ev); err != nil || !ok {
+		e.t.Fatalf("record: %v %v", ok, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	return ev
+}
+
+type state struct {
+	Status, Key  string
+	MessageID    *string
+	Attempts     int
+	Reason, Last *string
+	NextAttempt  time.Time
+}
+
+func (e *env) row(ev events.Envelope) state {
+	e.t.Helper()
+	var s state
+	err := e.pool.QueryRow(context.Background(), `SELECT status, idempotency_key, provider_message_id, attempts,
+		failure_reason, last_error, next_attempt_at FROM notifications WHERE event_id = $1 AND channel = 'sms'`, ev.EventID).
+		Scan(&s.Status, &s.Key, &s.MessageID, &s.Attempts, &s.Reason, &s.Last, &s.NextAttempt)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+func (e *env) delivery(key string) (smsprovider.Delivery, bool) {
+	for _, d := range e.provider.Deliveries() {
+		if d.IdempotencyKey == key {
+			return d, true
+		}
+	}
+	return smsprovider.Delivery{}, false
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
+}
+
+// observer is a provider that records the row's committed status, read on
+// another connection, at the moment the provider is called.
+type observer struct {
+	sms.Provider
+	pool *pgxpool.Pool
+	mu   sync.Mutex
+	seen []string
+}
+
+func (o *observer) Send(ctx context.Context, m sms.Message) (sms.Receipt, error) {
+	var status string
+	if err := o.pool.QueryRow(ctx, `SELECT status FROM notifications WHERE idempotency_key = $1`, m.IdempotencyKey).Scan(&status); err != nil {
+		return sms.Receipt{}, err
+	}
+	o.mu.Lock()
+	o.seen = append(o.seen, status)
+	o.mu.Unlock()
+	return o.Provider.Send(ctx, m)
+}
+
+// PENDING → SENDING (committed before the call) → SENT with the provider's
+// message id, key sms:<event_id>, one delivery.
+func TestPendingSendingSent(t *testing.T) {
+	e := setup(t)
+	ev := e.intent()
+	if r := e.row(ev); r.Status != "PENDING" || r.Key != "sms:"+ev.EventID.String() {
+		t.Fatalf("recorded %+v; want PENDING with key sms:%s", r, ev.EventID)
+	}
+	obs := &observer{Provider: e.client, pool: e.pool}
+	s := e.sender(obs, fast())
+	if n, err := s.SendOnce(context.Background()); err != nil || n != 1 {
+		t.Fatalf("SendOnce = %d, %v", n, err)
+	}
+	if len(obs.seen) != 1 || obs.seen[0] != "SENDING" {
+		t.Errorf("status seen by another session during the call: %v, want SENDING (committed first)", obs.seen)
+	}
+	r := e.row(ev)
+	d, ok := e.delivery("sms:" + ev.EventID.String())
+	if !ok || d.Requests != 1 || d.To != "+919800000017" || !strings.Contains(d.Body, "₹24.00") {
+		t.Fatalf("provider delivery = %+v (found %v); want one request to the recipient about ₹24.00", d, ok)
+	}
+	if r.Status != "SENT" || deref(r.MessageID) != d.MessageID || r.Attempts != 1 {
+		t.Errorf("row = %+v; want SENT with message id %s after 1 attempt", r, d.MessageID)
+	}
+	// Nothing more to do.
+	if n, _ := s.SendOnce(context.Background()); n != 0 {
+		t.Errorf("a SENT row was claimed again")
+	}
+}
+
+// crash leaves ev's row SENDING after the provider accepted it, as a
+// sender killed at failpoint in-sending would.
+func (e *env) crash(s *sender.Sender, ev events.Envelope) {
+	e.t.Helper()
+	disable := failpoint.Enable(failpoint.InSending, 1)
+	defer disable()
+	if _, err := s.SendOnce(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	if r := e.row(ev); r.Status != "SENDING" {
+		e.t.Fatalf("after the crash the row is %s, want SENDING", r.Status)
+	}
+	if d, ok := e.delivery("sms:" + ev.EventID.String()); !ok || d.Requests != 1 {
+		e.t.Fatalf("provider should have accepted the message once before the crash: %+v", d)
+	}
+}
+
+// reconcile runs the reconciler once the lease has run out.
+func reconcile(t *testing.T, s *sender.Sender) {
+	t.Helper()
+	if n, _ := s.ReconcileOnce(context.Background()); n != 0 {
+		t.Fatal("a row was reconciled before its lease ran out")
+	}
+	time.Sleep(450 * time.Millisecond)
+	if n, err := s.ReconcileOnce(context.Background()); err != nil || n != 1 {
+		t.Fatalf("ReconcileOnce = %d, %v; want the stuck row", n, err)
+	}
+}
+
+// Crash in SENDING, provider with lookup: the reconciler finds the message
+// at the provider and marks it SENT, without a second send.
+func TestCrashInSendingReconciledByLookup(t *testing.T) {
+	e := setup(t)
+	ev := e.intent()
+	e.crash(e.sender(e.client, fast()), ev)
+	s := e.sender(e.client, fast()) // the restarted sender
+	if !s.CanLookup() {
+		t.Fatal("the HTTP provider should offer lookup")
+	}
+	reconcile(t, s)
+	d, _ := e.delivery("sms:" + ev.EventID.String())
+	if r := e.row(ev); r.Status != "SENT" || deref(r.MessageID) != d.MessageID || r.Attempts != 1 {
+		t.Errorf("row = %+v; want SENT with %s, still 1 attempt", r, d.MessageID)
+	}
+	if d.Requests != 1 {
+		t.Errorf("provider saw %d requests for the key, want 1 (no resend)", d.Requests)
+	}
+}
+
+// Crash in SENDING, provider without lookup, policy resend: sent again with
+// the same key; the provider sees the key twice and delivers once.
+func TestCrashInSendingNoLookupResend(t *testing.T) {
+	e := setup(t)
+	ev := e.intent()
+	noLookup := sms.WithoutLookup(e.client)
+	e.crash(e.sender(noLookup, fast()), ev)
+	cfg := fast()
+	cfg.Policies = map[string]sender.Policy{intent.KindCashback: sender.PolicyResend}
+	s := e.sender(noLookup, cfg)
+	if s.CanLookup() {
+		t.Fatal("WithoutLookup should hide lookup")
+	}
+	reconcile(t, s)
+	if r := e.row(ev); r.Status != "PENDING" {
+		t.Fatalf("after reconcile: %s, want PENDING (to resend)", r.Status)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for e.row(ev).Status != "SENT" && time.Now().Before(deadline) {
+		if _, err := s.SendOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d, _ := e.delivery("sms:" + ev.EventID.String())
+	r := e.row(ev)
+	if r.Status != "SENT" || deref(r.MessageID) != d.MessageID || r.Attempts != 2 {
+		t.Errorf("row = %+v; want SENT with the original message id %s after 2 attempts", r, d.MessageID)
+	}
+	if d.Requests != 2 || len(e.provider.Deliveries()) != 1 {
+		t.Errorf("provider: %d requests for the key, %d deliveries; want 2 and 1", d.Requests, len(e.provider.Deliveries()))
+	}
+}
+
+// Crash in SENDING, provider without lookup, policy skip: FAILED "unknown
+// outcome", never sent again.
+func TestCrashInSendingNoLookupSkip(t *testing.T) {
+	e := setup(t)
+	ev := e.intent()
+	noLookup := sms.WithoutLookup(e.client)
+	e.crash(e.sender(noLookup, fast()), ev)
+	cfg := fast()
+	cfg.Policies = map[string]sender.Policy{intent.KindCashback: sender.PolicySkip}
+	s := e.sender(noLookup, cfg)
+	reconcile(t, s)
+	if r := e.row(ev); r.Status != "FAILED" || deref(r.Reason) != sender.ReasonUnknownOutcome {
+		t.Errorf("row = %+v; want FAILED with reason %q", r, sender.ReasonUnknownOutcome)
+	}
+	if n, _ := s.SendOnce(context.Background()); n != 0 {
+		t.Error("a FAILED row was claimed")
+	}
+	if d, _ := e.delivery("sms:" + ev.EventID.String()); d.Requests != 1 {
+		t.Errorf("provider saw %d requests, want 1", d.Requests)
+	}
+}
+
+// Provider failures back off in the row (next_attempt_at), then SENT.
+func TestProviderFailuresBackOffThenSent(t *testing.T) {
+	e := setup(t)
+	ev := e.intent()
+	e.provider.SetControl(smsprovider.Control{FailNext: ptr(2)})
+	cfg := fast()
+	cfg.RetryBase, cfg.RetryMax = 300*time.Millisecond, time.Second
+	s := e.sender(e.client, cfg)
+	ctx := context.Background()
+	if _, err := s.SendOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := e.row(ev)
+	if r.Status != "PENDING" || r.Attempts != 1 || !strings.Contains(deref(r.Last), "503") || !r.NextAttempt.After(time.Now().Add(100*time.Millisecond)) {
+		t.Fatalf("after a 503: %+v; want PENDING, 1 attempt, the error kept, next attempt ≥ 100ms away", r)
+	}
+	if n, _ := s.SendOnce(ctx); n != 0 {
+		t.Error("the row was claimed again before its backoff")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for e.row(ev).Status != "SENT" && time.Now().Before(deadline) {
+		if _, err := s.SendOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r = e.row(ev)
+	d, _ := e.delivery("sms:" + ev.EventID.String())
+	if r.Status != "SENT" || r.Attempts != 3 || deref(r.MessageID) != d.MessageID || d.Requests != 3 {
+		t.Errorf("row = %+v, delivery = %+v; want SENT after 3 attempts, one delivery", r, d)
+	}
+}
+
+// Past MaxAttempts the row is FAILED, observably.
+func TestAttemptsExhaustedFails(t *testing.T) {
+	e := setup(t)
+	ev := e.intent()
+	e.provider.SetControl(smsprovider.Control{FailNext: ptr(100)})
+	cfg := fast()
+	cfg.MaxAttempts, cfg.RetryBase, cfg.RetryMax = 3, time.Millisecond, time.Millisecond
+	s := e.sender(e.client, cfg)
+	for range 20 {
+		s.SendOnce(context.Background())
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r := e.row(ev); r.Status != "FAILED" || r.Attempts != 3 || deref(r.Reason) != "gave up after 3 attempts" {
+		t.Errorf("row = %+v; want FAILED after 3 attempts", r)
+	}
+	if e.provider.Requests("sms:"+ev.EventID.String()) != 3 {
+		t.Errorf("provider saw %d requests, want 3", e.provider.Requests("sms:"+ev.EventID.String()))
+	}
+}
+
+// A rejection (4xx) fails at once: retrying cannot help.
+func TestRejectedFailsAtOnce(t *testing.T) {
+	e := setup(t)
+	ev := e.intent()
+	e.provider.SetControl(smsprovider.Control{FailNext: ptr(1), FailStatus: ptr(400)})
+	s := e.sender(e.client, fast())
+	s.SendOnce(context.Background())
+	if r := e.row(ev); r.Status != "FAILED" || !strings.HasPrefix(deref(r.Reason), "rejected by provider") || r.Attempts != 1 {
+		t.Errorf("row = %+v; want FAILED (rejected) after 1 attempt", r)
+	}
+}
+
+// The provider accepts, then hangs: the call times out (outcome unknown),
+// the lookup finds the message, SENT without a second delivery.
+func TestProviderHangsAfterAccept(t *testing.T) {
+	e := setup(t)
+	ev := e.intent()
+	e.provider.SetControl(smsprovider.Control{HangMS: ptr(1500), HangAfterAccept: ptr(true)})
+	s := e.sender(e.client, fast())
+	start := time.Now()
+	if _, err := s.SendOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > time.Second {
+		t.Errorf("a hanging provider held the sender %v; the send timeout is 200ms", el)
+	}
+	d, _ := e.delivery("sms:" + ev.EventID.String())
+	if r := e.row(ev); r.Status != "SENT" || deref(r.MessageID) != d.MessageID || d.Requests != 1 {
+		t.Errorf("row = %+v, delivery %+v; want SENT via lookup, one request", r, d)
+	}
+}
+
+// The provider hangs before accepting, without lookup, policy skip: the
+// timed-out call is an unknown outcome and the row FAILS rather than risk
+// a second delivery.
+func TestProviderHangsNoLookupSkip(t *testing.T) {
+	e := setup(t)
+	ev := e.intent()
+	e.provider.SetControl(smsprovider.Control{HangMS: ptr(400)})
+	cfg := fast()
+	cfg.Policies = map[string]sender.Policy{intent.KindCashback: sender.PolicySkip}
+	s := e.sender(sms.WithoutLookup(e.client), cfg)
+	s.SendOnce(context.Background())
+	if r := e.row(ev); r.Status != "FAILED" || deref(r.Reason) != sender.ReasonUnknownOutcome {
+		t.Errorf("row = %+v; want FAILED %q", r, sender.ReasonUnknownOutcome)
+	}
+}
+
+// Several senders on one table: every message is claimed by one of them
+// and delivered once.
+func TestConcurrentSendersDeliverOnce(t *testing.T) {
+	e := setup(t)
+	var evs []events.Envelope
+	for range 30 {
+		evs = append(evs, e.intent())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 3 {
+		cfg := fast()
+		cfg.PollInterval = 10 * time.Millisecond
+		s := e.sender(sms.NewHTTPProvider(e.url, time.Second), cfg)
+		wg.Go(func() { _ = s.Run(ctx) })
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		var n int
+		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM notifications WHERE status = 'SENT'`).Scan(&n)
+		if n == len(evs) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	for _, ev := range evs {
+		if r := e.row(ev); r.Status != "SENT" || r.Attempts != 1 {
+			t.Errorf("%s: %+v; want SENT after 1 attempt", ev.EventID, r)
+		}
+	}
+	for _, d := range e.provider.Deliveries() {
+		if d.Requests != 1 {
+			t.Errorf("key %s sent %d times", d.IdempotencyKey, d.Requests)
+		}
+	}
+	if got := len(e.provider.Deliveries()); got != len(evs) {
+		t.Errorf("%d deliveries, want %d", got, len(evs))
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	e := setup(t)
+	if _, err := sender.New(e.pool, e.client, sender.Config{SendTimeout: time.Second, Lease: time.Second}); err == nil {
+		t.Error("a lease shorter than twice the send timeout was accepted")
+	}
+	if _, err := sender.New(e.pool, e.client, sender.Config{Policies: map[string]sender.Policy{"cashback": "maybe"}}); err == nil {
+		t.Error("an unknown policy was accepted")
+	}
+	if _, err := sender.ParsePolicy("resend"); err != nil {
+		t.Error(err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
