@@ -429,6 +429,7 @@ func setupSQS() {
 		Region:       sqstransport.DefaultRegion,
 		BaseEndpoint: aws.String(ep),
 		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
+		HTTPClient:   sqstransport.NewHTTPClient(),
 	})
 }
 

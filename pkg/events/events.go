@@ -201,8 +201,9 @@ func (e Envelope) Marshal() ([]byte, error) {
 // Hash is a digest of everything in the envelope but its id. Consumers store
 // it beside the dedupe key: a later copy with the same event_id and a
 // different Hash is a conflict (a buggy producer reusing an id), not a
-// duplicate. The payload is compacted first, so re-encoding the same JSON
-// (e.g. through a jsonb column) gives the same Hash.
+// duplicate. The payload is canonicalised first (object keys sorted,
+// whitespace dropped, numbers kept digit for digit), so the same JSON
+// re-encoded, e.g. by a jsonb column that reorders keys, hashes the same.
 func (e Envelope) Hash() []byte {
 	h := sha256.New()
 	var n [8]byte
@@ -216,13 +217,24 @@ func (e Envelope) Hash() []byte {
 	binary.BigEndian.PutUint64(n[:], uint64(e.AggregateVersion))
 	h.Write(n[:])
 	field([]byte(e.OccurredAt.UTC().Format(time.RFC3339Nano)))
-	var compact bytes.Buffer
-	if json.Compact(&compact, e.Payload) != nil {
-		compact.Reset()
-		compact.Write(e.Payload)
-	}
-	field(compact.Bytes())
+	field(canonical(e.Payload))
 	return h.Sum(nil)
+}
+
+// canonical re-encodes JSON with sorted keys (encoding/json sorts map keys)
+// and json.Number for numbers; invalid JSON is hashed as it is.
+func canonical(raw []byte) []byte {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return raw
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return raw
+	}
+	return out
 }
 
 // IDTime is the creation time encoded in a UUIDv7 event id (millisecond

@@ -105,6 +105,13 @@ func TestHashIgnoresWhitespaceButNotContent(t *testing.T) {
 	if !bytes.Equal(e.Hash(), spaced.Hash()) {
 		t.Fatal("whitespace changed the hash")
 	}
+	reordered := e
+	reordered.Payload = json.RawMessage(`{"b": 1, "amount_paise": 120000}`)
+	withB := e
+	withB.Payload = json.RawMessage(`{"amount_paise":120000,"b":1}`)
+	if !bytes.Equal(reordered.Hash(), withB.Hash()) {
+		t.Fatal("key order (as jsonb re-encodes it) changed the hash")
+	}
 	changed := e
 	changed.Payload = json.RawMessage(`{"amount_paise":180000}`)
 	if bytes.Equal(e.Hash(), changed.Hash()) {

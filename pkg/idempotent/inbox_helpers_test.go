@@ -215,3 +215,24 @@ func mustJSON(t testing.TB, v any) []byte {
 	}
 	return b
 }
+
+// callCounter counts handler calls per event.
+type callCounter struct {
+	mu sync.Mutex
+	n  map[uuid.UUID]int
+}
+
+func (c *callCounter) inc(id uuid.UUID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[uuid.UUID]int{}
+	}
+	c.n[id]++
+}
+
+func (c *callCounter) get(id uuid.UUID) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[id]
+}

@@ -388,10 +388,18 @@ func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
 	for i, r := range claimed {
 		ids[i], attempts[i] = r.MessageID, int32(r.Attempts)
 	}
+	// Lock the rows for the rest of the attempt, and keep only those whose
+	// attempts still match the claim: a row claimed again meanwhile (our
+	// claim's backoff ran out before we got here) belongs to that claim.
+	// No SKIP LOCKED: a concurrent claim statement may hold a row's lock for
+	// a moment even though it does not take the row (it locks the newest
+	// version before re-checking that it is due), and skipping would drop
+	// our own row. The rows are locked in id order, as every batch does.
 	rows, err := tx.Query(ctx, `SELECT i.message_id FROM inbox i
-		JOIN unnest($2::uuid[], $3::int4[]) AS c(id, attempts) ON i.message_id = c.id AND i.attempts = c.attempts
-		WHERE i.consumer = $1 AND i.status = 'PENDING'
-		FOR UPDATE OF i SKIP LOCKED`, p.in.consumer, ids, attempts)
+		JOIN unnest($2::uuid[], $3::int4[]) AS c(id, attempts) ON i.message_id = c.id
+		WHERE i.consumer = $1 AND i.status = 'PENDING' AND i.attempts = c.attempts
+		ORDER BY i.message_id
+		FOR UPDATE OF i`, p.in.consumer, ids, attempts)
 	if err != nil {
 		return fmt.Errorf("idempotent: inbox %s: lock claimed rows: %w", p.in.consumer, err)
 	}

@@ -161,7 +161,7 @@ func receiveBatch(ctx context.Context, c *sqs.Client, q string, wait int32) ([]r
 		QueueUrl: aws.String(q), MaxNumberOfMessages: 10, WaitTimeSeconds: wait,
 		// Short, so that a response lost on the wire (the SDK retries the
 		// call; the messages it carried stay invisible) costs seconds, not 30.
-		VisibilityTimeout: 5,
+		VisibilityTimeout:           5,
 		MessageAttributeNames:       []string{"All"},
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount},
 	})

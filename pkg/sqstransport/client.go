@@ -1,8 +1,13 @@
 package sqstransport
 
 import (
+	"bytes"
+	"io"
+	"net/http"
+
 	"context"
 	"fmt"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"os"
 
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -37,7 +42,36 @@ func NewClient(ctx context.Context) (*sqs.Client, error) {
 	if cfg.Region == "" {
 		cfg.Region = DefaultRegion
 	}
-	return sqs.NewFromConfig(cfg), nil
+	return sqs.NewFromConfig(cfg, func(o *sqs.Options) { o.HTTPClient = NewHTTPClient() }), nil
+}
+
+// NewHTTPClient is the HTTP client NewClient uses; it reads each response body completely before the SDK sees
+// it. Without it, about one call in a thousand fails while the SDK reads a
+// 200 response ("deserialization failed ... use of closed network
+// connection": net/http's writeLoop closes the connection after the SDK has
+// closed the request body; aws/aws-sdk-go-v2#1825, #2737, seen against real
+// AWS too). The SDK retries such calls, but for ReceiveMessage the lost
+// response's messages stay invisible for a whole visibility timeout, and for
+// SendMessageBatch the retry sends duplicates. SQS responses are small JSON
+// documents, so buffering them costs nothing.
+func NewHTTPClient() *http.Client {
+	return &http.Client{Transport: eagerBody{awshttp.NewBuildableClient().GetTransport()}}
+}
+
+type eagerBody struct{ next http.RoundTripper }
+
+func (e eagerBody) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := e.next.RoundTrip(r)
+	if err != nil {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return resp, nil
 }
 
 func endpointOverridden() bool {
