@@ -92,8 +92,9 @@ type Inbox struct {
 	gauges            metric.Registration
 	attrConsumer      attribute.KeyValue
 
-	mu    sync.Mutex
-	wakes []chan struct{} // one per processor worker; Receive pings them
+	mu            sync.Mutex
+	wakes         []chan struct{} // one per processor worker; Receive pings them
+	sharedWorkers int             // processor workers made on pool (see ProcessorConfig.Pool)
 }
 
 // NewInbox returns the inbox of consumer (for example "notifications").

@@ -32,7 +32,9 @@ func inboxSetup(t testing.TB) *pgxpool.Pool {
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE applied (
 			ordering_key text NOT NULL, version bigint NOT NULL, event_id uuid NOT NULL UNIQUE, seq bigserial);
-		CREATE TABLE balances (key text PRIMARY KEY, total bigint NOT NULL)`); err != nil {
+		CREATE TABLE balances (key text PRIMARY KEY, total bigint NOT NULL);
+		CREATE TABLE credits (event_id uuid NOT NULL, amount bigint NOT NULL);
+		CREATE TABLE wallet (id int PRIMARY KEY, balance bigint NOT NULL); INSERT INTO wallet VALUES (1, 0);`); err != nil {
 		t.Fatal(err)
 	}
 	return pool
@@ -125,8 +127,11 @@ func record(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
 
 // runProcessors starts n processors (as n replicas would) and returns a stop
 // function that cancels them and waits for them to return.
-func runProcessors(t testing.TB, in *idempotent.Inbox, h idempotent.ProcessFunc, cfg idempotent.ProcessorConfig, n int) (stop func()) {
+func runProcessors(t testing.TB, pool *pgxpool.Pool, in *idempotent.Inbox, h idempotent.ProcessFunc, cfg idempotent.ProcessorConfig, n int) (stop func()) {
 	t.Helper()
+	if cfg.Pool == nil {
+		cfg.Pool = otherPool(t, pool, 2*n*max(cfg.Workers, 1))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for range n {
@@ -235,4 +240,18 @@ func (c *callCounter) get(id uuid.UUID) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n[id]
+}
+
+// otherPool opens a second pool on the database of pool, with maxConns
+// connections: processors get their own, as ProcessorConfig.Pool advises.
+func otherPool(t testing.TB, pool *pgxpool.Pool, maxConns int) *pgxpool.Pool {
+	t.Helper()
+	cfg := pool.Config()
+	cfg.MaxConns = int32(maxConns)
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
 }

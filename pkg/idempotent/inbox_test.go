@@ -151,7 +151,7 @@ func TestInboxAppliesShuffledArrivalsInPerKeyOrder(t *testing.T) {
 		time.Sleep(200 * time.Microsecond) // long enough for handlers to overlap
 		return record(ctx, tx, e)
 	}
-	runProcessors(t, in, h, idempotent.ProcessorConfig{BatchSize: 3, PollInterval: 20 * time.Millisecond}, 4)
+	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{BatchSize: 3, PollInterval: 20 * time.Millisecond}, 4)
 	waitFor(t, 60*time.Second, "all rows DONE", func() bool {
 		return count(t, pool, `SELECT count(*) FROM inbox WHERE status = 'DONE'`) == keys*perKey
 	})
@@ -192,7 +192,7 @@ func TestInboxRetriesWithBackoffUntilDone(t *testing.T) {
 		return nil
 	}
 	const base = 200 * time.Millisecond
-	runProcessors(t, in, h, idempotent.ProcessorConfig{RetryBase: base, PollInterval: 10 * time.Millisecond}, 1)
+	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{RetryBase: base, PollInterval: 10 * time.Millisecond}, 1)
 	waitFor(t, 10*time.Second, "row DONE", func() bool { return inboxRow(t, pool, "notifications", e.EventID).Status == "DONE" })
 
 	r := inboxRow(t, pool, "notifications", e.EventID)
@@ -245,7 +245,7 @@ func TestInboxPoisonRowFailsBlocksItsKeyAndReplayUnblocks(t *testing.T) {
 		}
 		return record(ctx, tx, e)
 	}
-	stop := runProcessors(t, in, h, idempotent.ProcessorConfig{MaxAttempts: 3, RetryBase: 20 * time.Millisecond,
+	stop := runProcessors(t, pool, in, h, idempotent.ProcessorConfig{MaxAttempts: 3, RetryBase: 20 * time.Millisecond,
 		PollInterval: 10 * time.Millisecond}, 2)
 	waitFor(t, 10*time.Second, "poison and flaky rows FAILED", func() bool {
 		return count(t, pool, `SELECT count(*) FROM inbox WHERE status = 'FAILED'`) == 2
@@ -302,7 +302,7 @@ func TestInboxPoisonRowFailsBlocksItsKeyAndReplayUnblocks(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].MessageID != flaky.EventID {
 		t.Fatalf("replay by filter: %v, %v; want the flaky row", got, err)
 	}
-	runProcessors(t, in, h, idempotent.ProcessorConfig{PollInterval: 10 * time.Millisecond}, 2)
+	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{PollInterval: 10 * time.Millisecond}, 2)
 	waitFor(t, 10*time.Second, "everything DONE", func() bool {
 		return count(t, pool, `SELECT count(*) FROM inbox WHERE status = 'DONE'`) == 5
 	})
@@ -321,7 +321,7 @@ func TestInboxLateLowerVersionIsStillDelivered(t *testing.T) {
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	v1, v2 := keyedEvent(t, "cb_1", 1), keyedEvent(t, "cb_1", 2)
 	receive(t, in, v2)
-	runProcessors(t, in, record, idempotent.ProcessorConfig{PollInterval: 10 * time.Millisecond}, 1)
+	runProcessors(t, pool, in, record, idempotent.ProcessorConfig{PollInterval: 10 * time.Millisecond}, 1)
 	waitFor(t, 5*time.Second, "v2 DONE", func() bool { return inboxRow(t, pool, "notifications", v2.EventID).Status == "DONE" })
 	receive(t, in, v1)
 	waitFor(t, 5*time.Second, "v1 DONE", func() bool { return inboxRow(t, pool, "notifications", v1.EventID).Status == "DONE" })
@@ -335,7 +335,7 @@ func TestInboxReorderWindowOrdersCloseArrivals(t *testing.T) {
 	pool := inboxSetup(t)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	v1, v2 := keyedEvent(t, "cb_1", 1), keyedEvent(t, "cb_1", 2)
-	runProcessors(t, in, record, idempotent.ProcessorConfig{ReorderWindow: time.Second, PollInterval: 10 * time.Millisecond}, 2)
+	runProcessors(t, pool, in, record, idempotent.ProcessorConfig{ReorderWindow: time.Second, PollInterval: 10 * time.Millisecond}, 2)
 	receive(t, in, v2)
 	time.Sleep(300 * time.Millisecond)
 	if r := inboxRow(t, pool, "notifications", v2.EventID); r.Status != "PENDING" {

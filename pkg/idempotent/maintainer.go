@@ -177,8 +177,17 @@ func (m *Maintainer) RunOnce(ctx context.Context) (MaintenanceReport, error) {
 		}
 		m.log.ErrorContext(ctx, "idempotent maintenance step failed", "step", name, "error", err)
 	}
-	var err error
-	rep.Created, err = ensurePartitionsAt(ctx, m.pool, now, m.cfg.Retention, m.cfg.PartitionsAhead)
+	// ensurePartitionsAt lists every name in the range, existing or not
+	// (CREATE TABLE IF NOT EXISTS succeeds either way), so report only the
+	// names that were not there before.
+	existing, err := m.partitionSet(ctx)
+	step("list_partitions", err)
+	names, err := ensurePartitionsAt(ctx, m.pool, now, m.cfg.Retention, m.cfg.PartitionsAhead)
+	for _, n := range names {
+		if existing != nil && !existing[n] {
+			rep.Created = append(rep.Created, n)
+		}
+	}
 	step("create_partitions", err)
 	rep.Dropped, err = dropExpiredAt(ctx, m.pool, now, m.cfg.Retention)
 	m.droppedTotal.Add(ctx, int64(len(rep.Dropped)))
@@ -192,6 +201,25 @@ func (m *Maintainer) RunOnce(ctx context.Context) (MaintenanceReport, error) {
 			"inbox_done_deleted", rep.InboxDeleted, "retention", m.cfg.Retention)
 	}
 	return rep, errors.Join(errs...)
+}
+
+func (m *Maintainer) partitionSet(ctx context.Context) (map[string]bool, error) {
+	rows, err := m.pool.Query(ctx, `SELECT c.relname FROM pg_inherits i
+		JOIN pg_class c ON c.oid = i.inhrelid
+		JOIN pg_class p ON p.oid = i.inhparent
+		WHERE p.relname = 'processed_messages'`)
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: list partitions: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: list partitions: %w", err)
+	}
+	set := make(map[string]bool, len(names))
+	for _, n := range names {
+		set[n] = true
+	}
+	return set, nil
 }
 
 // cleanInbox deletes the DONE rows whose event id predates the window, one

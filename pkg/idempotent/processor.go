@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -62,6 +63,13 @@ type ProcessorConfig struct {
 	// Run's context is cancelled [30s]; past it the batch is rolled back and
 	// its rows retried later.
 	ShutdownGrace time.Duration
+	// Pool is where the apply transactions run [the Inbox's pool]. Each
+	// worker holds one connection for as long as its handlers run, so on a
+	// shared pool slow handlers take connections Receive needs to ack within
+	// milliseconds: NewProcessor refuses a shared pool whose MaxConns the
+	// workers would use up. Give the processor a pool of its own (Workers
+	// connections and one for the claim) to keep the two apart.
+	Pool *pgxpool.Pool
 	// Logger [the Inbox's].
 	Logger *slog.Logger
 }
@@ -90,6 +98,9 @@ func (c *ProcessorConfig) defaults(in *Inbox) {
 	}
 	if c.Logger == nil {
 		c.Logger = in.log
+	}
+	if c.Pool == nil {
+		c.Pool = in.pool
 	}
 }
 
@@ -154,6 +165,16 @@ func (in *Inbox) NewProcessor(h ProcessFunc, cfg ProcessorConfig) (*Processor, e
 		return nil, errors.New("idempotent: inbox processor needs a handler")
 	}
 	cfg.defaults(in)
+	if cfg.Pool == in.pool {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		if conns := int(in.pool.Config().MaxConns); in.sharedWorkers+cfg.Workers >= conns {
+			return nil, fmt.Errorf("idempotent: inbox %s: %d processor workers on the receiving pool of %d connections "+
+				"would leave Receive none while handlers run: set ProcessorConfig.Pool or a larger MaxConns",
+				in.consumer, in.sharedWorkers+cfg.Workers, conns)
+		}
+		in.sharedWorkers += cfg.Workers
+	}
 	return &Processor{in: in, handler: h, cfg: cfg, log: cfg.Logger, tracer: otel.Tracer(meterName)}, nil
 }
 
@@ -347,7 +368,7 @@ RETURNING i.message_id, i.status, i.attempts, i.ordering_key, i.event_type, i.ag
 	i.aggregate_version, i.occurred_at, i.payload, i.traceparent, i.last_error`
 
 func (p *Processor) claim(ctx context.Context, after string) ([]claimedRow, error) {
-	rows, err := p.in.pool.Query(ctx, claimSQL, pgx.NamedArgs{
+	rows, err := p.cfg.Pool.Query(ctx, claimSQL, pgx.NamedArgs{
 		"consumer":       p.in.consumer,
 		"after":          after,
 		"limit":          p.cfg.BatchSize,
@@ -377,7 +398,7 @@ type result struct {
 // and no outcome was recorded, and the rows are retried after the backoff the
 // claim set.
 func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
-	tx, err := p.in.pool.Begin(ctx)
+	tx, err := p.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("idempotent: inbox %s: begin: %w", p.in.consumer, err)
 	}

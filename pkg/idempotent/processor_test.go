@@ -110,7 +110,7 @@ func TestProcessorKilledMidClaim(t *testing.T) {
 		}
 		return record(ctx, tx, e)
 	}
-	runProcessors(t, in, h, crashCfg, 2)
+	runProcessors(t, pool, in, h, crashCfg, 2)
 	waitFor(t, 10*time.Second, "both rows DONE", func() bool {
 		return count(t, pool, `SELECT count(*) FROM inbox WHERE status = 'DONE'`) == 2
 	})
@@ -167,7 +167,7 @@ func TestProcessorLostConnectionsCountAndEndFailed(t *testing.T) {
 		_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
 		return err
 	}
-	runProcessors(t, in, h, idempotent.ProcessorConfig{MaxAttempts: 2, RetryBase: 20 * time.Millisecond,
+	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{MaxAttempts: 2, RetryBase: 20 * time.Millisecond,
 		PollInterval: 10 * time.Millisecond}, 1)
 	waitFor(t, 10*time.Second, "row FAILED", func() bool { return inboxRow(t, pool, "notifications", e.EventID).Status == "FAILED" })
 	r := inboxRow(t, pool, "notifications", e.EventID)
@@ -193,7 +193,7 @@ func TestProcessorNeverRunsSlowWorkTwice(t *testing.T) {
 		time.Sleep(time.Second) // 25-50x the claim's backoff below
 		return record(ctx, tx, e)
 	}
-	runProcessors(t, in, h, idempotent.ProcessorConfig{RetryBase: 40 * time.Millisecond, PollInterval: 5 * time.Millisecond}, 3)
+	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{RetryBase: 40 * time.Millisecond, PollInterval: 5 * time.Millisecond}, 3)
 	waitFor(t, 10*time.Second, "row DONE", func() bool { return inboxRow(t, pool, "notifications", e.EventID).Status == "DONE" })
 	time.Sleep(100 * time.Millisecond)
 	if r := inboxRow(t, pool, "notifications", e.EventID); calls.Load() != 1 || r.Attempts != 1 {
@@ -252,5 +252,22 @@ func TestProcessorHandlerCannotCommitItsTransaction(t *testing.T) {
 	}
 	if r := inboxRow(t, pool, "notifications", e.EventID); r.Status != "DONE" || count(t, pool, `SELECT count(*) FROM applied`) != 1 {
 		t.Fatalf("row %s, want DONE with its effect", r.Status)
+	}
+}
+
+// Workers that would hold every connection of the receiving pool are
+// refused: slow handlers would then stop Receive, and with it every ack.
+func TestProcessorRefusesToStarveTheReceiver(t *testing.T) {
+	pool := inboxSetup(t) // MaxConns 4 (pgxpool's default on small machines)
+	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
+	conns := int(pool.Config().MaxConns)
+	if _, err := in.NewProcessor(record, idempotent.ProcessorConfig{Workers: conns - 1}); err != nil {
+		t.Fatalf("%d workers on %d connections: %v", conns-1, conns, err)
+	}
+	if _, err := in.NewProcessor(record, idempotent.ProcessorConfig{Workers: 1}); err == nil {
+		t.Fatal("a processor that takes the receiver's last connection was accepted")
+	}
+	if _, err := in.NewProcessor(record, idempotent.ProcessorConfig{Workers: 8, Pool: otherPool(t, pool, 9)}); err != nil {
+		t.Fatalf("own pool: %v", err)
 	}
 }

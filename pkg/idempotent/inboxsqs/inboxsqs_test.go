@@ -153,9 +153,18 @@ func event(t *testing.T, key string, version int64) events.Envelope {
 	return e
 }
 
-func runProcessor(t *testing.T, in *idempotent.Inbox, h idempotent.ProcessFunc) {
+// runProcessor runs 4 workers on a pool of their own, as ProcessorConfig.Pool
+// advises, so that blocked handlers cannot take the receiver's connections.
+func runProcessor(t *testing.T, s *stack, h idempotent.ProcessFunc) {
 	t.Helper()
-	p, err := in.NewProcessor(h, idempotent.ProcessorConfig{Workers: 4, PollInterval: 20 * time.Millisecond})
+	cfg := s.pool.Config()
+	cfg.MaxConns = 5
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	p, err := s.in.NewProcessor(h, idempotent.ProcessorConfig{Workers: 4, PollInterval: 20 * time.Millisecond, Pool: pool})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,9 +180,13 @@ func TestAckDoesNotWaitForTheHandler(t *testing.T) {
 	s := newStack(t, idempotent.InboxConfig{})
 	release := make(chan struct{})
 	var entered atomic.Int64
-	runProcessor(t, s.in, func(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
+	runProcessor(t, s, func(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
 		entered.Add(1)
-		<-release // a 40 s provider call, or longer
+		select { // a 40 s provider call, or longer
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		_, err := tx.Exec(ctx, `INSERT INTO applied VALUES ($1)`, e.EventID)
 		return err
 	})
@@ -181,9 +194,13 @@ func TestAckDoesNotWaitForTheHandler(t *testing.T) {
 	for i := range 30 {
 		evs = append(evs, event(t, fmt.Sprintf("cb_%d", i), 1))
 	}
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the processor's cleanup
 	start := time.Now()
 	s.send(t, evs...)
-	waitFor(t, 10*time.Second, "all messages deleted from the queue", func() bool { return depth(t, s.sqs, s.queue) == 0 })
+	waitFor(t, 10*time.Second, "all messages deleted from the queue", func() bool {
+		return depth(t, s.sqs, s.queue) == 0
+	})
 	drained := time.Since(start)
 	if n := count(t, s.pool, `SELECT count(*) FROM inbox WHERE status = 'PENDING'`); n != 30 {
 		t.Fatalf("PENDING rows = %d, want 30", n)
@@ -195,7 +212,7 @@ func TestAckDoesNotWaitForTheHandler(t *testing.T) {
 		t.Fatalf("slowest receive took %v; the ack must not wait for the handler", m)
 	}
 	t.Logf("30 messages acked in %v while handlers were blocked; slowest receive %v", drained, s.latency.max())
-	close(release)
+	once.Do(func() { close(release) })
 	waitFor(t, 10*time.Second, "all DONE", func() bool {
 		return count(t, s.pool, `SELECT count(*) FROM inbox WHERE status = 'DONE'`) == 30
 	})
@@ -207,7 +224,7 @@ func TestAckDoesNotWaitForTheHandler(t *testing.T) {
 func TestDuplicateAfterDoneIsAckedAndIgnored(t *testing.T) {
 	s := newStack(t, idempotent.InboxConfig{})
 	var calls atomic.Int64
-	runProcessor(t, s.in, func(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
+	runProcessor(t, s, func(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
 		calls.Add(1)
 		_, err := tx.Exec(ctx, `INSERT INTO applied VALUES ($1)`, e.EventID)
 		return err

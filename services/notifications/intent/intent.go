@@ -83,15 +83,20 @@ func Build(e events.Envelope) (Intent, error) {
 	return in, nil
 }
 
-// Rupees formats paise as "₹1,234.56".
+// Rupees formats paise the Indian way: "₹1,23,456.78" (the last three
+// digits of the rupees, then groups of two).
 func Rupees(paise int64) string {
 	sign := ""
 	if paise < 0 {
 		sign, paise = "-", -paise
 	}
 	whole := fmt.Sprint(paise / 100)
-	for i := len(whole) - 3; i > 0; i -= 3 {
-		whole = whole[:i] + "," + whole[i:]
+	if len(whole) > 3 {
+		head, tail := whole[:len(whole)-3], whole[len(whole)-3:]
+		for i := len(head) - 2; i > 0; i -= 2 {
+			head = head[:i] + "," + head[i:]
+		}
+		whole = head + "," + tail
 	}
 	return fmt.Sprintf("%s₹%s.%02d", sign, whole, paise%100)
 }

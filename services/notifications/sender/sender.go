@@ -136,7 +136,6 @@ type Sender struct {
 	log      *slog.Logger
 
 	outcomes, calls, reconciled metric.Int64Counter
-	wake                        chan struct{}
 }
 
 // New returns a Sender calling provider. If provider also implements
@@ -151,7 +150,7 @@ func New(pool *pgxpool.Pool, provider sms.Provider, cfg Config) (*Sender, error)
 			return nil, fmt.Errorf("sender: kind %s: %w", kind, err)
 		}
 	}
-	s := &Sender{pool: pool, provider: provider, cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1)}
+	s := &Sender{pool: pool, provider: provider, cfg: cfg, log: cfg.Logger}
 	s.looker, _ = provider.(sms.Looker)
 	m := otel.Meter("github.com/effectively-once/payments-cashback/services/notifications")
 	var err error
@@ -181,14 +180,6 @@ func (s *Sender) PolicyFor(kind string) Policy {
 	return s.cfg.DefaultPolicy
 }
 
-// Wake asks the loop for a pass now (a hint; polling stays the truth).
-func (s *Sender) Wake() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
 // Run sends and reconciles until ctx is cancelled. Calls in flight when
 // ctx ends are finished (each is bounded by SendTimeout) and recorded, so
 // a clean shutdown leaves no row SENDING. It returns nil on cancellation.
@@ -213,7 +204,6 @@ func (s *Sender) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-s.wake:
 		case <-timer.C:
 		}
 	}

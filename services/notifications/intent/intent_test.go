@@ -1,0 +1,43 @@
+package intent
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+)
+
+func TestRupees(t *testing.T) {
+	for paise, want := range map[int64]string{2400: "₹24.00", 5: "₹0.05", 12345678: "₹1,23,456.78", 100000: "₹1,000.00", 1234567890: "₹1,23,45,678.90", -250: "-₹2.50"} {
+		if got := Rupees(paise); got != want {
+			t.Errorf("Rupees(%d) = %q, want %q", paise, got, want)
+		}
+	}
+}
+
+func TestBuild(t *testing.T) {
+	e, _ := events.New(events.CashbackCredited, "pay_42", 1, map[string]any{"payment_id": "pay_42", "user_id": "u_17", "amount_paise": 2400})
+	in, err := Build(e)
+	if err != nil || in.Kind != KindCashback || in.Recipient != "u_17" || !strings.Contains(in.Body, "₹24.00") {
+		t.Errorf("Build = %+v, %v", in, err)
+	}
+	if Key(e.EventID) != "sms:"+e.EventID.String() {
+		t.Errorf("Key = %q", Key(e.EventID))
+	}
+	for _, bad := range []events.Envelope{
+		must(events.New(events.PaymentSucceeded, "pay_42", 1, map[string]any{"user_id": "u_17"})),
+		must(events.New(events.CashbackCredited, "pay_42", 1, map[string]any{"amount_paise": 2400})),
+	} {
+		if _, err := Build(bad); !sqstransport.IsPermanent(err) {
+			t.Errorf("Build(%s %s) = %v, want a permanent error", bad.EventType, bad.Payload, err)
+		}
+	}
+}
+
+func must(e events.Envelope, err error) events.Envelope {
+	if err != nil {
+		panic(err)
+	}
+	return e
+}
