@@ -211,6 +211,12 @@ func (c *Consumer) record(ctx context.Context, msg Message, out Outcome, err err
 		c.log.ErrorContext(ctx, "message older than the dedupe window: refused, not applied",
 			"consumer", c.name, "event_id", msg.ID, "occurred_at", msg.OccurredAt, "retention", c.retention)
 	case Failed:
+		var p interface{ Permanent() bool }
+		if errors.As(err, &p) && p.Permanent() {
+			c.log.ErrorContext(ctx, "effect refused the message permanently: rolled back, to be parked",
+				"consumer", c.name, "event_id", msg.ID, "error", err)
+			return
+		}
 		c.log.WarnContext(ctx, "effect failed: rolled back, left for redelivery",
 			"consumer", c.name, "event_id", msg.ID, "error", err)
 	}

@@ -255,3 +255,13 @@ func otherPool(t testing.TB, pool *pgxpool.Pool, maxConns int) *pgxpool.Pool {
 	t.Cleanup(p.Close)
 	return p
 }
+
+// countRows is count for benchmarks too.
+func countRows(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

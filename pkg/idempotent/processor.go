@@ -433,6 +433,13 @@ func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
 		owned[id] = true
 	}
 
+	// One savepoint per row, so a failing row undoes its own writes and
+	// nothing else. It costs one round trip per row: the savepoint for the
+	// next row is set in the same message that releases the last one, and
+	// ROLLBACK TO keeps the savepoint for the next row too.
+	if _, err := tx.Exec(ctx, "SAVEPOINT inbox_row"); err != nil {
+		return fmt.Errorf("idempotent: inbox %s: savepoint: %w", p.in.consumer, err)
+	}
 	results := make([]result, 0, len(locked))
 	for i := range claimed {
 		r := &claimed[i]
@@ -462,28 +469,23 @@ func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
 	return nil
 }
 
-// applyRow runs the handler for r inside a savepoint of tx, so a failure
-// undoes this row's writes and nothing else. Deadlocks and serialization
+// applyRow runs the handler for r inside the savepoint inbox_row, which
+// is set on entry and is set again on return. Deadlocks and serialization
 // failures are retried at once, twice, without counting an attempt. herr is
 // the handler's verdict; err means tx itself is broken and the batch is lost.
 func (p *Processor) applyRow(ctx context.Context, tx pgx.Tx, r *claimedRow) (herr, err error) {
 	for try := 0; ; try++ {
-		if _, err := tx.Exec(ctx, "SAVEPOINT inbox_row"); err != nil {
-			return nil, fmt.Errorf("idempotent: inbox %s: savepoint: %w", p.in.consumer, err)
-		}
 		herr = p.call(ctx, tx, r)
 		if herr == nil {
-			// RELEASE fails if the handler swallowed an error that aborted
-			// the transaction: that is the handler's failure, not ours.
-			if _, herr = tx.Exec(ctx, "RELEASE SAVEPOINT inbox_row"); herr == nil {
+			// Keep the row's writes and open the next row's savepoint. This
+			// fails if the handler swallowed an error that aborted the
+			// transaction: that is the handler's failure, not ours.
+			if _, herr = tx.Exec(ctx, "RELEASE SAVEPOINT inbox_row; SAVEPOINT inbox_row"); herr == nil {
 				return nil, nil
 			}
 		}
 		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT inbox_row"); err != nil {
 			return herr, fmt.Errorf("idempotent: inbox %s: rollback to savepoint after %v: %w", p.in.consumer, herr, err)
-		}
-		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT inbox_row"); err != nil {
-			return herr, fmt.Errorf("idempotent: inbox %s: release savepoint: %w", p.in.consumer, err)
 		}
 		if !retryable(herr) || try == 2 {
 			return herr, nil

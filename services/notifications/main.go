@@ -10,40 +10,14 @@ package main
 
 import (
 	"context"
-	"time"
 
 	"github.com/effectively-once/payments-cashback/pkg/service"
-	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 	"github.com/effectively-once/payments-cashback/services/notifications/app"
 )
 
 func main() {
-	log := service.NewLogger("notifications")
-	cfg, err := service.LoadConfig[app.Config]()
-	if err != nil {
-		service.Fatal(log, "bad configuration", err)
-	}
-	metrics, shutdown, err := service.SetupTelemetry("notifications")
-	if err != nil {
-		service.Fatal(log, "telemetry", err)
-	}
-	defer shutdown(context.Background())
-	ctx := context.Background()
-	pool, err := service.OpenPool(ctx, cfg.DatabaseURL, time.Minute, log)
-	if err != nil {
-		service.Fatal(log, "database", err)
-	}
-	defer pool.Close()
-	client, err := sqstransport.NewClient(ctx)
-	if err != nil {
-		service.Fatal(log, "sqs", err)
-	}
-	a, err := app.New(ctx, cfg, pool, client, metrics, log)
-	if err != nil {
-		service.Fatal(log, "start", err)
-	}
-	defer a.Close()
-	if err := service.Run(ctx, log, a.Tasks()...); err != nil {
-		service.Fatal(log, "stopped", err)
-	}
+	service.Main("notifications", func(c app.Config) string { return c.DatabaseURL },
+		func(ctx context.Context, cfg app.Config, d service.Deps) (service.App, error) {
+			return app.New(ctx, cfg, d.Pool, d.SQS, d.Metrics, d.Log)
+		})
 }

@@ -52,6 +52,8 @@ type config struct {
 	LockTimeout         time.Duration `env:"IDEMPOTENCY_LOCK_TIMEOUT" envDefault:"1m"`
 	KeyTTL              time.Duration `env:"IDEMPOTENCY_KEY_TTL" envDefault:"24h"`
 	StartupWait         time.Duration `env:"STARTUP_WAIT" envDefault:"60s"`
+	// Relay tuning, RELAY_LEASE etc. (see service.RelayEnv); unset: defaults.
+	Relay service.RelayEnv `envPrefix:"RELAY_"`
 }
 
 func main() {
@@ -176,5 +178,7 @@ func newRelay(ctx context.Context, cfg config, pool *pgxpool.Pool, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	return outbox.NewRelay(pool, sqstransport.NewPublisher(client, queueURL, 0), outbox.RelayConfig{Logger: log})
+	rc := outbox.RelayConfig{Logger: log}
+	cfg.Relay.Apply(&rc)
+	return outbox.NewRelay(pool, sqstransport.NewPublisher(client, queueURL, 0), rc)
 }

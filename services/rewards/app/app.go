@@ -36,15 +36,20 @@ type Config struct {
 	// DedupeRetention is the dedupe window: it must outlast SQS's 14-day
 	// maximum retention by a day, so the service refuses to start below 360h.
 	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
-	// Test hooks, inert unless set: see cashback.EnvFailEventIDs and
-	// cashback.EnvFailFirstN.
+	// Test hooks, inert unless set: see cashback.EnvFailEventIDs,
+	// cashback.EnvFailFirstN and cashback.EnvSlowEventIDs.
 	FailEventIDs string `env:"REWARDS_FAIL_EVENT_IDS"`
 	FailFirstN   string `env:"REWARDS_FAIL_FIRST_N"`
+	SlowEventIDs string `env:"REWARDS_SLOW_EVENT_IDS"`
 
 	// Tuning for tests; zero takes the library defaults.
 	QueueWait  time.Duration                 `env:"QUEUE_WAIT" envDefault:"2m"`
 	Subscriber sqstransport.SubscriberConfig `env:"-"`
 	Relay      outbox.RelayConfig            `env:"-"`
+	// SUBSCRIBER_* and RELAY_* (see service.SubscriberEnv, RelayEnv) fill
+	// what Subscriber and Relay leave zero.
+	SubscriberEnv service.SubscriberEnv `envPrefix:"SUBSCRIBER_"`
+	RelayEnv      service.RelayEnv      `envPrefix:"RELAY_"`
 }
 
 // sqsMaxRetention is the longest SQS keeps a message (source queue or DLQ).
@@ -106,9 +111,13 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	if err != nil {
 		return nil, err
 	}
+	if err := fail.SetSlow(cfg.SlowEventIDs); err != nil {
+		return nil, err
+	}
 	if fail.Armed() {
-		log.Warn("test hook armed: handling of some payment events will fail on purpose",
-			cashback.EnvFailEventIDs, cfg.FailEventIDs, cashback.EnvFailFirstN, cfg.FailFirstN)
+		log.Warn("test hook armed: handling of some payment events will fail or stall on purpose",
+			cashback.EnvFailEventIDs, cfg.FailEventIDs, cashback.EnvFailFirstN, cfg.FailFirstN,
+			cashback.EnvSlowEventIDs, cfg.SlowEventIDs)
 	}
 	consumer, err := idempotent.NewConsumer(pool, cashback.ConsumerName,
 		idempotent.WithRetention(cfg.DedupeRetention), idempotent.WithLogger(log))
@@ -129,12 +138,14 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		return nil, err
 	}
 	sc := cfg.Subscriber
+	cfg.SubscriberEnv.Apply(&sc)
 	sc.QueueURL, sc.Concurrency, sc.Logger = paymentsURL, cfg.Concurrency, log
 	sub, err := sqstransport.NewSubscriber(client, sc, proc.HandleDelivery)
 	if err != nil {
 		return nil, err
 	}
 	rc := cfg.Relay
+	cfg.RelayEnv.Apply(&rc)
 	rc.Logger = log
 	relay, err := outbox.NewRelay(pool, sqstransport.NewPublisher(client, rewardsURL, 0), rc)
 	if err != nil {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel"
@@ -27,6 +29,12 @@ const (
 	// failed attempt and the retry": the retry must still credit at the
 	// rate in force at occurred_at.
 	EnvFailFirstN = "REWARDS_FAIL_FIRST_N"
+	// EnvSlowEventIDs is a comma-separated list of "id@duration": handling
+	// of those events holds its transaction open that long (after the
+	// dedupe row and the effect's writes, before COMMIT), every attempt.
+	// Use it for "a handler outlives its visibility timeout": a second
+	// replica receives the copy meanwhile and waits on the dedupe key.
+	EnvSlowEventIDs = "REWARDS_SLOW_EVENT_IDS"
 )
 
 // ErrInjected is the error an armed FailHook returns. It is transient: the
@@ -45,6 +53,7 @@ type FailHook struct {
 
 	mu       sync.Mutex
 	byID     map[uuid.UUID]int64 // remaining failures per event id; -1 = always
+	slow     map[uuid.UUID]time.Duration
 	injected atomic.Int64
 	count    metric.Int64Counter
 }
@@ -92,22 +101,55 @@ func ParseFailHook(eventIDs, firstN string) (*FailHook, error) {
 	return h, err
 }
 
-// Armed reports whether the hook can ever fail anything.
+// SetSlow arms EnvSlowEventIDs: spec is its value, "id@duration,...".
+func (h *FailHook) SetSlow(spec string) error {
+	slow := map[uuid.UUID]time.Duration{}
+	for _, item := range strings.Split(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		idText, dText, _ := strings.Cut(item, "@")
+		id, err := uuid.Parse(idText)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not an event id", EnvSlowEventIDs, idText)
+		}
+		d, err := time.ParseDuration(dText)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("%s: %q: want id@duration, e.g. id@10s", EnvSlowEventIDs, item)
+		}
+		slow[id] = d
+	}
+	h.mu.Lock()
+	h.slow = slow
+	h.mu.Unlock()
+	return nil
+}
+
+// Armed reports whether the hook can ever fail or slow anything.
 func (h *FailHook) Armed() bool {
 	if h == nil {
 		return false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.firstN.Load() > 0 || len(h.byID) > 0
+	return h.firstN.Load() > 0 || len(h.byID) > 0 || len(h.slow) > 0
 }
 
-// Check returns ErrInjected if this attempt for eventID is to fail.
+// Check first holds for the EnvSlowEventIDs delay of eventID, if any, then
+// returns ErrInjected if this attempt for eventID is to fail.
 func (h *FailHook) Check(eventID uuid.UUID) error {
 	if h == nil {
 		return nil
 	}
 	fail := false
+	h.mu.Lock()
+	delay := h.slow[eventID]
+	h.mu.Unlock()
+	if delay > 0 {
+		slog.Warn("test hook: holding the transaction open", "event_id", eventID, "for", delay, "hook", EnvSlowEventIDs)
+		time.Sleep(delay)
+	}
 	h.mu.Lock()
 	if n, ok := h.byID[eventID]; ok {
 		fail = true

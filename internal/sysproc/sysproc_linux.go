@@ -1,6 +1,6 @@
 //go:build linux
 
-package testenv
+package sysproc
 
 import (
 	"errors"
@@ -11,15 +11,12 @@ import (
 	"syscall"
 )
 
-// childAttr returns the process attributes for a server we start: it gets
-// deathSig when this test process dies, so a crashed or killed test binary
+// ChildAttr returns the process attributes for a server we start: it gets
+// deathSig when this process dies (start it with Start, so that "this
+// process" is what it means: see Start), so a crashed or killed parent
 // leaves no server behind; asPostgres runs it as the postgres system user
 // (initdb and postgres refuse to run as root).
-//
-// Linux sends deathSig when the forking *thread* exits; Go only retires
-// threads of goroutines that exit while locked with runtime.LockOSThread,
-// which tests here don't do.
-func childAttr(asPostgres bool, deathSig syscall.Signal) (*syscall.SysProcAttr, error) {
+func ChildAttr(asPostgres bool, deathSig syscall.Signal) (*syscall.SysProcAttr, error) {
 	attr := &syscall.SysProcAttr{Pdeathsig: deathSig}
 	if asPostgres {
 		u, err := user.Lookup("postgres")
@@ -36,15 +33,21 @@ func childAttr(asPostgres bool, deathSig syscall.Signal) (*syscall.SysProcAttr, 
 	return attr, nil
 }
 
-// chownForChild gives path to the user the child runs as, if it differs.
-func chownForChild(path string, attr *syscall.SysProcAttr) error {
+// DiesWithParent reports whether children started with ChildAttr's
+// attributes are killed when this process dies (true on Linux).
+const DiesWithParent = true
+
+// ChownForChild gives path to the user the child runs as, if it differs.
+func ChownForChild(path string, attr *syscall.SysProcAttr) error {
 	if attr == nil || attr.Credential == nil {
 		return nil
 	}
 	return os.Chown(path, int(attr.Credential.Uid), int(attr.Credential.Gid))
 }
 
-func processAlive(pid int) bool {
+// Alive reports whether a process with this pid exists (zombies included:
+// use it for processes that are not our children).
+func Alive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
 }

@@ -1,0 +1,90 @@
+// Command redrive moves parked messages from a dead-letter queue back to
+// its source queue, once the cause that parked them is fixed.
+//
+//	go run ./cmd/redrive -source payments-events-dlq [-dest payments-events] [-max N]
+//
+// -source and -dest are queue names or URLs; -dest defaults to the source's
+// name minus "-dlq". Without -max it moves what the DLQ holds when it
+// starts, through StartMessageMoveTask where the server has it (AWS,
+// LocalStack) and otherwise by receive → send (same body and attributes,
+// minus park_*) → delete, 10 at a time (fauxqs); -max N moves at most N,
+// always the second way. Redriven copies get a new SQS MessageId and keep
+// their event_id, so consumers apply each event at most once whatever
+// happened before (see pkg/sqstransport.Redrive).
+//
+// The endpoint comes from the standard AWS_ENDPOINT_URL (fauxqs or
+// LocalStack locally; unset means real AWS). It prints how many it moved.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+)
+
+func main() {
+	source := flag.String("source", "", "the dead-letter queue to empty (name or URL), e.g. payments-events-dlq")
+	dest := flag.String("dest", "", "where to move the messages (name or URL) [source minus "+sqstransport.DLQSuffix+"]")
+	max := flag.Int("max", 0, "move at most this many messages (0: what the DLQ holds at start)")
+	timeout := flag.Duration("timeout", 10*time.Minute, "give up after this long")
+	flag.Parse()
+	log.SetFlags(0)
+	log.SetPrefix("redrive: ")
+	if *source == "" || flag.NArg() > 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	if *dest == "" {
+		name := queueName(*source)
+		if !strings.HasSuffix(name, sqstransport.DLQSuffix) {
+			log.Fatalf("-source %s does not end in %s: name the destination with -dest", name, sqstransport.DLQSuffix)
+		}
+		*dest = strings.TrimSuffix(name, sqstransport.DLQSuffix)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	c, err := sqstransport.NewClient(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srcURL, err := resolve(ctx, c, *source)
+	if err != nil {
+		log.Fatal(err)
+	}
+	dstURL, err := resolve(ctx, c, *dest)
+	if err != nil {
+		log.Fatal(err)
+	}
+	moved, err := sqstransport.Redrive(ctx, c, srcURL, dstURL, *max)
+	fmt.Printf("moved %d messages from %s to %s\n", moved, queueName(srcURL), queueName(dstURL))
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+func queueName(nameOrURL string) string { return nameOrURL[strings.LastIndex(nameOrURL, "/")+1:] }
+
+// resolve turns a queue name into its URL; URLs are kept as they are.
+func resolve(ctx context.Context, c *sqs.Client, nameOrURL string) (string, error) {
+	if strings.Contains(nameOrURL, "://") {
+		return nameOrURL, nil
+	}
+	out, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: &nameOrURL})
+	if err != nil {
+		return "", fmt.Errorf("queue %s: %w", nameOrURL, err)
+	}
+	return *out.QueueUrl, nil
+}

@@ -1,0 +1,66 @@
+package service
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+)
+
+// Deps are the connections Main opens for a service.
+type Deps struct {
+	Pool    *pgxpool.Pool
+	SQS     *sqs.Client
+	Metrics http.Handler // serves /metrics
+	Log     *slog.Logger
+}
+
+// App is a wired service: the tasks to run, and what to release after.
+type App interface {
+	Tasks() []Task
+	Close()
+}
+
+// Main is the whole main function of a service that has one database and
+// talks to SQS: it loads the config C from the environment, sets up logs and
+// telemetry, opens the database (waiting up to a minute for it) and the SQS
+// client, builds the app and runs its tasks until SIGTERM. Any start-up
+// error is logged and exits with status 1.
+func Main[C any](name string, databaseURL func(C) string, build func(context.Context, C, Deps) (App, error)) {
+	log := NewLogger(name)
+	cfg, err := LoadConfig[C]()
+	if err != nil {
+		Fatal(log, "bad configuration", err)
+	}
+	metrics, shutdown, err := SetupTelemetry(name)
+	if err != nil {
+		Fatal(log, "telemetry", err)
+	}
+	ctx := context.Background()
+	pool, err := OpenPool(ctx, databaseURL(cfg), time.Minute, log)
+	if err != nil {
+		Fatal(log, "database", err)
+	}
+	client, err := sqstransport.NewClient(ctx)
+	if err != nil {
+		Fatal(log, "sqs", err)
+	}
+	app, err := build(ctx, cfg, Deps{Pool: pool, SQS: client, Metrics: metrics, Log: log})
+	if err != nil {
+		Fatal(log, "start", err)
+	}
+	err = Run(ctx, log, app.Tasks()...)
+	app.Close()
+	pool.Close()
+	_ = shutdown(context.Background())
+	if err != nil {
+		log.Error("stopped", "error", err)
+		os.Exit(1)
+	}
+}

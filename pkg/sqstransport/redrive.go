@@ -1,0 +1,217 @@
+package sqstransport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+)
+
+// ParkAttributePrefix starts the names of the message attributes park adds
+// (park_reason, park_source_queue, park_source_message_id). Redrive strips
+// them: a redriven copy is a fresh attempt, not a parked one.
+const ParkAttributePrefix = "park_"
+
+// Redrive moves messages from the dead-letter queue dlqURL back to destURL
+// and returns how many it moved. Each moved copy gets a new SQS MessageId
+// and keeps its body, so its event_id, the dedupe key, is unchanged: a copy
+// whose effect was already committed is a duplicate at the consumer (0
+// rows inserted, acked), one that was not is applied.
+//
+// It first asks the server for a message move task (StartMessageMoveTask,
+// as the SQS console's "redrive" does) and waits for it to finish. Servers
+// that do not implement it (fauxqs answers InvalidAction) get the manual
+// path instead: receive from the DLQ, SendMessageBatch the same bodies and
+// message attributes (minus the park_* ones) to destURL, then delete from
+// the DLQ what was sent, 10 at a time. A crash between send and delete
+// leaves a copy in both queues, which the consumer deduplicates.
+//
+// max > 0 moves at most max messages, which a move task cannot bound, so it
+// always takes the manual path. max <= 0 moves what the DLQ held when
+// Redrive started: a message parked again while Redrive runs (it is still
+// poison) is left in the DLQ instead of bouncing between the two queues.
+func Redrive(ctx context.Context, c *sqs.Client, dlqURL, destURL string, max int) (moved int, err error) {
+	if dlqURL == "" || destURL == "" {
+		return 0, errors.New("sqstransport: redrive: the DLQ and destination URLs are required")
+	}
+	if dlqURL == destURL {
+		return 0, errors.New("sqstransport: redrive: the DLQ and the destination are the same queue")
+	}
+	if max <= 0 {
+		n, err := moveTask(ctx, c, dlqURL, destURL)
+		if err == nil {
+			return n, nil
+		}
+		if !unsupported(err) {
+			return n, err
+		}
+		// Not implemented by this server: do it by hand, bounded by what
+		// the DLQ holds now.
+		if max, err = queueDepth(ctx, c, dlqURL); err != nil || max == 0 {
+			return 0, err
+		}
+	}
+	return redriveManually(ctx, c, dlqURL, destURL, max)
+}
+
+// moveTask runs a StartMessageMoveTask from dlqURL to destURL to its end.
+func moveTask(ctx context.Context, c *sqs.Client, dlqURL, destURL string) (int, error) {
+	src, err := queueARN(ctx, c, dlqURL)
+	if err != nil {
+		return 0, err
+	}
+	dst, err := queueARN(ctx, c, destURL)
+	if err != nil {
+		return 0, err
+	}
+	start, err := c.StartMessageMoveTask(ctx, &sqs.StartMessageMoveTaskInput{SourceArn: &src, DestinationArn: &dst})
+	if err != nil {
+		return 0, fmt.Errorf("sqstransport: redrive: start message move task: %w", err)
+	}
+	handle := aws.ToString(start.TaskHandle)
+	for {
+		out, err := c.ListMessageMoveTasks(ctx, &sqs.ListMessageMoveTasksInput{SourceArn: &src, MaxResults: aws.Int32(10)})
+		if err != nil {
+			return 0, fmt.Errorf("sqstransport: redrive: list message move tasks: %w", err)
+		}
+		var task *types.ListMessageMoveTasksResultEntry
+		for i := range out.Results {
+			if aws.ToString(out.Results[i].TaskHandle) == handle {
+				task = &out.Results[i]
+			}
+		}
+		if task == nil && len(out.Results) > 0 {
+			// Finished tasks may be listed without their handle: the
+			// most recent task of this source is ours.
+			task = &out.Results[0]
+		}
+		if task != nil {
+			n := int(task.ApproximateNumberOfMessagesMoved)
+			switch aws.ToString(task.Status) {
+			case "COMPLETED":
+				return n, nil
+			case "FAILED", "CANCELLED":
+				return n, fmt.Errorf("sqstransport: redrive: message move task %s: %s", aws.ToString(task.Status), aws.ToString(task.FailureReason))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// unsupported reports whether err says the server does not implement the
+// operation (fauxqs: InvalidAction; others: UnsupportedOperation, 501).
+func unsupported(err error) bool {
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		switch code := api.ErrorCode(); {
+		case code == "InvalidAction", code == "UnsupportedOperation", code == "NotImplemented",
+			code == "UnknownOperationException", strings.HasSuffix(code, ".UnsupportedOperation"):
+			return true
+		}
+	}
+	var re *smithyhttp.ResponseError
+	return errors.As(err, &re) && re.HTTPStatusCode() == http.StatusNotImplemented
+}
+
+func queueARN(ctx context.Context, c *sqs.Client, url string) (string, error) {
+	out, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl: &url, AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn}})
+	if err != nil {
+		return "", fmt.Errorf("sqstransport: redrive: ARN of %s: %w", queueName(url), err)
+	}
+	arn := out.Attributes[string(types.QueueAttributeNameQueueArn)]
+	if arn == "" {
+		return "", fmt.Errorf("sqstransport: redrive: %s has no QueueArn", queueName(url))
+	}
+	return arn, nil
+}
+
+// queueDepth is ApproximateNumberOfMessages + ApproximateNumberOfMessagesNotVisible.
+func queueDepth(ctx context.Context, c *sqs.Client, url string) (int, error) {
+	out, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: &url, AttributeNames: []types.QueueAttributeName{
+		types.QueueAttributeNameApproximateNumberOfMessages, types.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
+	if err != nil {
+		return 0, fmt.Errorf("sqstransport: redrive: depth of %s: %w", queueName(url), err)
+	}
+	total := 0
+	for _, k := range []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages,
+		types.QueueAttributeNameApproximateNumberOfMessagesNotVisible} {
+		n, _ := strconv.Atoi(out.Attributes[string(k)])
+		total += n
+	}
+	return total, nil
+}
+
+// redriveManually moves up to max messages, 10 per round trip.
+func redriveManually(ctx context.Context, c *sqs.Client, dlqURL, destURL string, max int) (int, error) {
+	moved := 0
+	var errs []error
+	for moved < max && len(errs) < 5 {
+		out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+			QueueUrl:              &dlqURL,
+			MaxNumberOfMessages:   int32(min(10, max-moved)),
+			WaitTimeSeconds:       1,
+			VisibilityTimeout:     30, // time to re-send and delete before another reader sees it
+			MessageAttributeNames: []string{"All"},
+		})
+		if err != nil {
+			return moved, fmt.Errorf("sqstransport: redrive: receive from %s: %w", queueName(dlqURL), err)
+		}
+		if len(out.Messages) == 0 {
+			break // drained (or the rest is in flight elsewhere)
+		}
+		entries := make([]types.SendMessageBatchRequestEntry, len(out.Messages))
+		for i, m := range out.Messages {
+			attrs := make(map[string]types.MessageAttributeValue, len(m.MessageAttributes))
+			for k, v := range m.MessageAttributes {
+				if !strings.HasPrefix(k, ParkAttributePrefix) {
+					attrs[k] = v
+				}
+			}
+			entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: m.Body, MessageAttributes: attrs}
+		}
+		sent, err := c.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &destURL, Entries: entries})
+		if err != nil {
+			return moved, fmt.Errorf("sqstransport: redrive: send to %s: %w", queueName(destURL), err)
+		}
+		for _, f := range sent.Failed {
+			errs = append(errs, fmt.Errorf("send %s: %s %s", aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message)))
+		}
+		dels := make([]types.DeleteMessageBatchRequestEntry, 0, len(sent.Successful))
+		for _, s := range sent.Successful {
+			i, _ := strconv.Atoi(aws.ToString(s.Id))
+			dels = append(dels, types.DeleteMessageBatchRequestEntry{Id: s.Id, ReceiptHandle: out.Messages[i].ReceiptHandle})
+		}
+		if len(dels) == 0 {
+			continue
+		}
+		del, err := c.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &dlqURL, Entries: dels})
+		if err != nil {
+			// Sent but not deleted: the copies in the DLQ come back after
+			// their visibility timeout and a later redrive sends them again;
+			// consumers deduplicate by event_id.
+			return moved, fmt.Errorf("sqstransport: redrive: delete from %s after sending %d: %w", queueName(dlqURL), len(dels), err)
+		}
+		moved += len(del.Successful)
+		for _, f := range del.Failed {
+			errs = append(errs, fmt.Errorf("delete %s: %s %s", aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message)))
+		}
+	}
+	if len(errs) > 0 {
+		return moved, fmt.Errorf("sqstransport: redrive: %d entries failed: %w", len(errs), errors.Join(errs...))
+	}
+	return moved, nil
+}
