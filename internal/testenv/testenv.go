@@ -49,6 +49,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/effectively-once/payments-cashback/internal/sysproc"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 )
 
@@ -81,7 +82,7 @@ type child struct {
 }
 
 func startChild(cmd *exec.Cmd) (*child, error) {
-	if err := cmd.Start(); err != nil {
+	if err := sysproc.Start(cmd); err != nil { // from a thread that never exits: see sysproc.Start
 		return nil, err
 	}
 	c := &child{cmd: cmd, done: make(chan struct{})}

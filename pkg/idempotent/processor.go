@@ -54,6 +54,13 @@ type ProcessorConfig struct {
 	// the row waits a uniform draw from [d/2, d], d = min(RetryMax,
 	// RetryBase*2^(n-1)).
 	RetryBase, RetryMax time.Duration
+	// ClaimHold is the least time a claimed row stays out of other claims
+	// [5s]: the claim pushes next_attempt_at forward by the larger of
+	// ClaimHold and the attempt's backoff, which covers the moment between
+	// the claim's commit and the apply transaction's row lock, and is how
+	// long a row whose processor died waits before it runs again. It does
+	// not limit how long a handler may run: the row lock does that.
+	ClaimHold time.Duration
 	// ReorderWindow holds a key's head back until it has been in the inbox
 	// this long [0]: two events of a key that arrive out of order less than
 	// ReorderWindow apart are still applied in order, at the price of that
@@ -93,6 +100,7 @@ func (c *ProcessorConfig) defaults(in *Inbox) {
 	def(&c.RetryBase, time.Second)
 	def(&c.RetryMax, 10*time.Minute)
 	def(&c.ShutdownGrace, 30*time.Second)
+	def(&c.ClaimHold, 5*time.Second)
 	if c.ReorderWindow < 0 {
 		c.ReorderWindow = 0
 	}
@@ -357,7 +365,8 @@ UPDATE inbox i SET
 	attempts        = CASE WHEN i.attempts < @max_attempts THEN i.attempts + 1 ELSE i.attempts END,
 	status          = CASE WHEN i.attempts < @max_attempts THEN 'PENDING' ELSE 'FAILED' END,
 	last_attempt_at = CASE WHEN i.attempts < @max_attempts THEN now() ELSE i.last_attempt_at END,
-	next_attempt_at = CASE WHEN i.attempts < @max_attempts THEN ` + fmt.Sprintf(backoffSQL, "i.attempts + 1") + `
+	next_attempt_at = CASE WHEN i.attempts < @max_attempts
+	                       THEN greatest(now() + @claim_hold::interval, ` + fmt.Sprintf(backoffSQL, "i.attempts + 1") + `)
 	                       ELSE i.next_attempt_at END,
 	last_error      = CASE WHEN i.attempts < @max_attempts THEN i.last_error
 	                       ELSE format('attempt %s never finished (processor crashed or lost its connection); last error: %s',
@@ -373,6 +382,7 @@ func (p *Processor) claim(ctx context.Context, after string) ([]claimedRow, erro
 		"after":          after,
 		"limit":          p.cfg.BatchSize,
 		"reorder_window": p.cfg.ReorderWindow,
+		"claim_hold":     p.cfg.ClaimHold,
 		"max_attempts":   p.cfg.MaxAttempts,
 		"retry_base":     p.cfg.RetryBase.Seconds(),
 		"retry_max":      p.cfg.RetryMax.Seconds(),

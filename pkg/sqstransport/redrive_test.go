@@ -51,7 +51,7 @@ func TestRedriveMovesEveryMessageBackWithANewMessageID(t *testing.T) {
 	c := testenv.SQS(t)
 	q, dlq := testenv.Queue(t, c, 5, 30*time.Second)
 
-	const n = 23 // three batches of 10, the last one short
+	const n = 23                   // three batches of 10, the last one short
 	sentIDs := map[string]string{} // body → MessageId in the DLQ
 	for i := range n {
 		body := fmt.Sprintf(`{"n":%d}`, i)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/idempotent"
 )
 
 // Delivery is one received copy of an event.
@@ -38,25 +39,13 @@ type Delivery struct {
 type Handler func(ctx context.Context, d Delivery) error
 
 // Permanent marks err as one that no redelivery can fix: the Subscriber
-// parks the message in the DLQ instead of retrying it.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return permanent{err}
-}
-
-type permanent struct{ error }
-
-func (p permanent) Unwrap() error   { return p.error }
-func (p permanent) Permanent() bool { return true }
+// parks the message in the DLQ instead of retrying it. It is
+// idempotent.Permanent: one marker for the whole library.
+func Permanent(err error) error { return idempotent.Permanent(err) }
 
 // IsPermanent reports whether err, or an error it wraps, has a Permanent()
 // method that returns true.
-func IsPermanent(err error) bool {
-	var p interface{ Permanent() bool }
-	return errors.As(err, &p) && p.Permanent()
-}
+func IsPermanent(err error) bool { return idempotent.IsPermanent(err) }
 
 // SubscriberConfig tunes a Subscriber. Zero values take the defaults in brackets.
 type SubscriberConfig struct {

@@ -14,8 +14,9 @@
 // [http://127.0.0.1:12111, stripe-mock; https://api.stripe.com for real],
 // STRIPE_API_KEY [sk_test_123], STRIPE_PAYMENT_METHOD [pm_card_visa],
 // STRIPE_TIMEOUT [20s], IDEMPOTENCY_LOCK_TIMEOUT [1m], IDEMPOTENCY_KEY_TTL
-// [24h], STARTUP_WAIT [60s], LOG_LEVEL [info], FAILPOINTS, and the standard
-// AWS_* variables (AWS_ENDPOINT_URL for a local SQS).
+// [24h], STARTUP_WAIT [60s], LOG_LEVEL [info], FAILPOINTS, the relay's
+// tuning RELAY_LEASE, RELAY_POLL_INTERVAL, ... (service.RelayEnv), and the
+// standard AWS_* variables (AWS_ENDPOINT_URL for a local SQS).
 package main
 
 import (

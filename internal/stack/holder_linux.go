@@ -1,0 +1,45 @@
+//go:build linux
+
+package stack
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// portHolder names the process listening on TCP port, "pid 123 (payments)",
+// from /proc (best effort: "" when it cannot tell, e.g. another user's).
+func portHolder(port int) string {
+	inodes := map[string]bool{}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fields := strings.Fields(line)
+			if len(fields) < 10 || fields[3] != "0A" { // 0A: LISTEN
+				continue
+			}
+			_, hexPort, ok := strings.Cut(fields[1], ":")
+			if p, err := strconv.ParseInt(hexPort, 16, 32); ok && err == nil && int(p) == port {
+				inodes["socket:["+fields[9]+"]"] = true
+			}
+		}
+	}
+	if len(inodes) == 0 {
+		return ""
+	}
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if target, err := os.Readlink(fd); err == nil && inodes[target] {
+			pid := strings.Split(fd, "/")[2]
+			comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+			return fmt.Sprintf("pid %s (%s)", pid, strings.TrimSpace(string(comm)))
+		}
+	}
+	return ""
+}

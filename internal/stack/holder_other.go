@@ -1,0 +1,5 @@
+//go:build !linux
+
+package stack
+
+func portHolder(int) string { return "" }
