@@ -4,11 +4,12 @@
 
 GO         ?= go
 STACK      := scripts/stack.sh
-PKGS       ?= ./...
+PKGS       ?= $(shell $(GO) list ./... | grep -v '/e2e$$')
 TEST_FLAGS ?= -race -count=1
+E2E_FLAGS  ?= -count=1 -timeout 20m
 
 .DEFAULT_GOAL := help
-.PHONY: help deps infra down test clean distclean
+.PHONY: help deps infra down test e2e demo demo-check bench clean distclean
 
 ## help: list the targets
 help:
@@ -27,11 +28,44 @@ infra: deps
 down:
 	$(STACK) down
 
-## test: all tests against a real stack. A stack this target brings up is
-## stopped afterwards, even when tests fail (the exit status is go test's);
-## one already up from `make infra` is reused and left running.
+## test: all tests against a real stack: the unit and integration tests,
+## then the e2e suite. A stack this target brings up is stopped afterwards,
+## even when tests fail (the exit status is go test's); one already up from
+## `make infra` is reused and left running.
 test: deps
-	$(STACK) with $(GO) test $(TEST_FLAGS) $(PKGS)
+	$(STACK) with sh -c '$(GO) test $(TEST_FLAGS) $(PKGS) && $(GO) test $(E2E_FLAGS) ./e2e/...'
+
+## e2e: the duplicate / redrive / race / crash suite (e2e/), black-box against
+## the four services it builds and starts on the local stack, stopped again
+## afterwards; E2E_STACK=compose runs it against `docker compose up` instead
+## (scenarios that need process control are then skipped)
+ifeq ($(E2E_STACK),compose)
+e2e:
+	E2E_STACK=compose $(GO) test $(E2E_FLAGS) ./e2e/...
+else
+e2e: deps
+	$(STACK) with $(GO) test $(E2E_FLAGS) ./e2e/...
+endif
+
+## demo: the whole stack without Docker (PostgreSQL, fauxqs, stripe-mock, the
+## dev SMS provider, the three services), the ₹1,200 story of DESIGN.md with
+## its event delivered three times, a table of what happened; then the stack
+## stays up for exploring until Ctrl-C, which stops everything it started
+demo: deps
+	@if docker info >/dev/null 2>&1; then \
+		echo "demo: Docker is running here: 'docker compose up' gives you the same stack in containers (see README)"; fi
+	$(STACK) with $(GO) run ./cmd/demo
+
+## demo-check: the demo's story without the wait; fails if its numbers are wrong
+demo-check: deps
+	$(STACK) with $(GO) run ./cmd/demo -no-wait
+
+## bench: measure the library against bare PostgreSQL and SQS baselines on
+## the same servers, and the four services end to end; prints a table and
+## writes bench.json (flags: BENCH_FLAGS='-duration 3s -soak 5m ...', see
+## go run ./cmd/bench -h). Takes about 3 minutes.
+bench: deps
+	$(STACK) with $(GO) run ./cmd/bench $(BENCH_FLAGS)
 
 ## clean: stop the stack, delete its state (.stack/) and build output (bin/)
 clean:

@@ -71,7 +71,7 @@ func TestCommands(t *testing.T) {
 	}
 
 	code, out, errOut := inboxctl(t, "-database-url", dsn, "backlog")
-	if code != 0 || !strings.Contains(out, "CONSUMER") || !regexpLine(out, "notifications", "1", "1") {
+	if code != 0 || !strings.Contains(out, "CONSUMER") || !tableHasLine(out, "notifications", "1", "1") {
 		t.Fatalf("backlog: %d %q %q", code, out, errOut)
 	}
 	t.Logf("backlog:\n%s", out)
@@ -81,7 +81,7 @@ func TestCommands(t *testing.T) {
 		strings.Contains(out, ok.EventID.String()) {
 		t.Fatalf("failed: %d %q %q", code, out, errOut)
 	}
-	if !regexpLine(out, poison.EventID.String(), "cb_1", "1", "1", "1") { // version, attempts, blocked
+	if !tableHasLine(out, poison.EventID.String(), "cb_1", "1", "1", "1") { // version, attempts, blocked
 		t.Fatalf("failed row line lacks version 1, attempts 1, blocked 1:\n%s", out)
 	}
 	t.Logf("failed:\n%s", out)
@@ -123,9 +123,9 @@ func TestCommands(t *testing.T) {
 	}
 }
 
-// regexpLine reports whether some line of a table starts with first and
-// holds the other fields, in order, as whole cells.
-func regexpLine(table, first string, fields ...string) bool {
+// tableHasLine reports whether some row of a table has first as its first
+// or second cell and holds the other fields, in order, as whole cells.
+func tableHasLine(table, first string, fields ...string) bool {
 	for _, line := range strings.Split(table, "\n") {
 		cells := strings.Fields(line)
 		if len(cells) == 0 || cells[0] != first && !(len(cells) > 1 && cells[1] == first) {

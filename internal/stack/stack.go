@@ -208,12 +208,15 @@ type PortInUseError struct {
 }
 
 func (e *PortInUseError) Error() string {
-	by := ""
+	by, stop := "", "stop it (Ctrl-C in its terminal)"
 	if e.Holder != "" {
 		by = " by " + e.Holder
+		if pid, _, ok := strings.Cut(strings.TrimPrefix(e.Holder, "pid "), " "); ok {
+			stop = "stop it (Ctrl-C in its terminal, or kill " + pid + ")"
+		}
 	}
-	return fmt.Sprintf("port %d (%s) is in use%s: is the demo (make demo) or another stack still running? stop it, or %s",
-		e.Port, e.Name, by, e.Hint)
+	return fmt.Sprintf("port %d (%s) is in use%s: is the demo (make demo) or another local stack still running? %s, or %s",
+		e.Port, e.Name, by, stop, e.Hint)
 }
 
 // Build compiles the services and the repo's commands into <root>/bin:
@@ -658,11 +661,11 @@ func (l *Local) checkPort(name string, port int) error {
 		ln.Close()
 		return nil
 	}
-	hint := "give it another port with " + bases[name].portVar + "=<port>"
+	var hint string
 	if b, ok := bases[name]; ok {
-		hint = fmt.Sprintf("move %s elsewhere with %s=http://127.0.0.1:<port> in the stack's env", name, b.urlVar)
+		hint = fmt.Sprintf("give %s another port (%s in Options.Env)", name, b.urlVar)
 	} else if p, ok := l.procs[name]; ok {
-		hint = "give it another port with " + bases[p.base].portVar + "=<port>"
+		hint = fmt.Sprintf("give %s another port (%s=<port>)", name, bases[p.base].portVar)
 	}
 	return &PortInUseError{Port: port, Name: name, Holder: portHolder(port), Hint: hint}
 }
@@ -723,7 +726,7 @@ func (l *Local) spawn(p *proc, extra []string) (*run, error) {
 	attr.Setpgid = true // a terminal's Ctrl-C is for our owner, who stops us in order
 	cmd := exec.Command(bin)
 	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = l.root, env, logf, logf, attr
-	writeMarker(logf, "INFO", "stack: starting", "name", p.name, "binary", p.base, "port", port, "env", append(slices.Clone(p.identity), extra...))
+	writeMarker(logf, "INFO", "stack: starting", "name", p.name, "binary", p.base, "port", port, "env", append(append([]string{}, p.identity...), extra...))
 	if err := sysproc.Start(cmd); err != nil {
 		return nil, fmt.Errorf("stack: start %s: %w", p.name, err)
 	}

@@ -1,20 +1,5 @@
 package idempotent
 
-// The inbox: store first, apply later.
-//
-// A Consumer applies a message's effect while the transport waits, so a
-// message stays in flight (and its visibility keeps being extended) for as
-// long as the effect runs. The inbox splits the two halves:
-//
-//	Receive:   INSERT INTO inbox ... ON CONFLICT DO NOTHING, autocommit -> ack
-//	Processor: claim the head row of a key, apply its effect and mark it DONE
-//	           in one transaction; on error back off in the row; FAILED at the end
-//
-// Receiving is one short statement, so the SQS copy is deleted within
-// milliseconds however slow the effect is, and a slow or failing effect never
-// holds up the queue: retries, backoff and the FAILED state live in the row,
-// where operators see them (cmd/inboxctl), not in a sleeping subscriber.
-
 import (
 	"context"
 	"errors"
@@ -74,8 +59,23 @@ func (c *InboxConfig) defaults() {
 	}
 }
 
-// Inbox is one consumer's inbox: Receive stores messages, and the Processors
-// made by NewProcessor apply them.
+// Inbox is one consumer's inbox: store first, apply later.
+//
+// A Consumer applies a message's effect while the transport waits, so the
+// message stays in flight (its visibility extended) for as long as the
+// effect runs. The inbox splits the two halves:
+//
+//	Receive:   INSERT INTO inbox ... ON CONFLICT DO NOTHING (autocommit) -> ack
+//	Processor: claim the head row of a key; apply its effect and mark it DONE
+//	           in one transaction; on error back off in the row; FAILED at the end
+//
+// Receiving is one short statement, so the queue's copy is deleted within
+// milliseconds however slow the effect, and a slow or failing effect never
+// holds up the queue: retries, backoff and the FAILED state live in the row
+// (next_attempt_at, attempts, last_error), where operators see them
+// (cmd/inboxctl), not in a sleeping subscriber. The inbox row is the dedupe
+// key too: it is kept until it is DONE and its event is out of the retention
+// window (Maintainer), and a copy older than the window is refused.
 //
 // Creating an Inbox also registers the observable gauges inbox_pending,
 // inbox_oldest_pending_age_seconds and inbox_failed for its consumer (each
@@ -225,14 +225,14 @@ func (in *Inbox) Receiver(key KeyFunc) func(ctx context.Context, e events.Envelo
 func (in *Inbox) Receive(ctx context.Context, e events.Envelope, orderingKey string) (stored bool, err error) {
 	out, err := in.receive(ctx, e, orderingKey)
 	in.recordReceive(ctx, e, out, err)
-	return out == received, err
+	return out == receivedStored, err
 }
 
 // receiveOutcome labels what Receive did, for metrics and logs.
 type receiveOutcome string
 
 const (
-	received          receiveOutcome = "stored"
+	receivedStored    receiveOutcome = "stored"
 	receivedDuplicate receiveOutcome = "duplicate"
 	receivedConflict  receiveOutcome = "conflict"
 	receivedExpired   receiveOutcome = "expired"
@@ -262,7 +262,7 @@ func (in *Inbox) receive(ctx context.Context, e events.Envelope, orderingKey str
 	}
 	if tag.RowsAffected() == 1 {
 		in.wake()
-		return received, nil
+		return receivedStored, nil
 	}
 	// 0 rows: the key is committed already (ON CONFLICT waited for any
 	// concurrent inserter to finish). Same content or not?

@@ -153,8 +153,7 @@ func BenchmarkInboxProcessorVsConsumer(b *testing.B) {
 			})
 
 			procPool := otherPool(b, pool, 6)
-			proc, err := in.NewProcessor(benchEffect, idempotent.ProcessorConfig{Workers: 4, BatchSize: 10,
-				PollInterval: 5 * time.Millisecond, Pool: procPool})
+			proc, err := in.NewProcessor(benchEffect, idempotent.ProcessorConfig{Workers: 4, Pool: procPool})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -211,7 +211,7 @@ func TestInboxRetriesWithBackoffUntilDone(t *testing.T) {
 		gap := calls[n].Sub(calls[n-1])
 		d := base << (n - 1)
 		t.Logf("attempt %d -> %d: %v (backoff range [%v, %v])", n, n+1, gap.Round(time.Millisecond), d/2, d)
-		if gap < d/2-5*time.Millisecond || gap > d+150*time.Millisecond {
+		if gap < d/2-5*time.Millisecond || gap > d+400*time.Millisecond { // upper slack for loaded CI machines
 			t.Errorf("gap after attempt %d = %v, want within [%v, %v] plus slack", n, gap, d/2, d)
 		}
 	}

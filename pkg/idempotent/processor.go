@@ -133,29 +133,45 @@ func (c *ProcessorConfig) defaults(in *Inbox) {
 //
 // # Claims
 //
-// An attempt is two transactions. The claim, one autocommitted statement,
-// picks due heads FOR UPDATE SKIP LOCKED, counts the attempt (attempts+1)
-// and moves next_attempt_at forward by the attempt's backoff; it commits
-// before the handler runs. The apply transaction then locks the claimed rows
-// again (SKIP LOCKED, and only if attempts still matches, so a row claimed
-// by someone else meanwhile is dropped), runs the handler per row in a
-// savepoint, marks the successes DONE and the failures for retry or FAILED,
-// and commits once. Hence:
+// An attempt is two transactions:
+//
+//	claim  (one autocommitted statement): pick due heads FOR UPDATE SKIP LOCKED,
+//	       attempts+1, next_attempt_at = now + max(ClaimHold, backoff); COMMIT
+//	apply  BEGIN; lock the claimed rows (only if attempts still matches);
+//	       per row: SAVEPOINT, handler, RELEASE or ROLLBACK TO;
+//	       one UPDATE: DONE | PENDING with the next backoff | FAILED; COMMIT
+//
+// The claim is held by the apply transaction's row locks, and the
+// pushed-forward next_attempt_at is the lease of a claim whose processor
+// has died. Hence:
 //   - a crash or lost connection at any point rolls back the effect (the
 //     apply transaction dies with its session) but keeps the counted
-//     attempt; the row is retried when its backoff expires, and a row that
-//     keeps killing its processor ends FAILED after MaxAttempts instead of
-//     looping forever. No rescuer process is needed: the pushed-forward
-//     next_attempt_at is the lease, and it expires by itself;
+//     attempt. The row is retried once next_attempt_at passes, with no
+//     rescuer process: the lease expires by itself. A row that keeps
+//     killing its processor ends FAILED after MaxAttempts instead of
+//     looping forever;
 //   - running work is never replayed, however slow the handler: while it
 //     runs, its apply transaction holds the row lock, so a claim that finds
-//     the row due again (its backoff ran out) skips it. The usual trade-off of
-//     a lease ("a lease shorter than the slowest handler replays running
-//     work") does not arise; the cost is that a handler holds one pooled
-//     connection and an open transaction while it runs, which the effect's
-//     own transaction needs anyway;
+//     the row due again (its lease ran out) skips it, and an apply that
+//     finds attempts changed (someone claimed the row before it was locked)
+//     drops it. The classic lease trade-off, "a lease shorter than the
+//     slowest handler replays running work", does not arise;
 //   - attempts counts every attempt that started, the successful one too: a
 //     handler that fails 3 times and then succeeds leaves attempts = 4.
+//
+// Why this and not the alternatives: row locks alone (claim and apply in one
+// transaction) would roll the attempt count back with a crash, so a message
+// that kills its processor would loop uncounted forever; an IN_PROGRESS
+// status with a lease needs a rescuer and a lease longer than the slowest
+// handler, or it runs work twice. The price here is one more commit per
+// batch (the claim's), and that a worker holds one connection and an open
+// transaction while its handlers run, which the effect's own transaction
+// needs anyway. Keep the handlers' external calls short, or give the
+// processor its own pool (ProcessorConfig.Pool).
+//
+// A claim costs one index probe per key it walks past (see walkSQL): cheap
+// while heads are due, but when every head is backing off (an outage) each
+// idle poll walks every key with a backlog. PollInterval bounds that cost.
 type Processor struct {
 	in      *Inbox
 	handler ProcessFunc
@@ -228,8 +244,14 @@ func (p *Processor) loop(ctx, work context.Context, wake <-chan struct{}) {
 		if err != nil && ctx.Err() == nil {
 			p.log.Error("inbox processor: batch failed; its rows will be retried after their backoff", "error", err)
 		}
+		if err == nil && n == p.cfg.BatchSize {
+			// A full batch: there is probably more, for this worker and
+			// for an idle sibling too.
+			p.in.wake()
+			continue
+		}
 		if err == nil && n > 0 {
-			continue // there may be more right away
+			continue // the rows behind this batch's heads may be due now
 		}
 		timer.Reset(p.cfg.PollInterval)
 		select {
@@ -342,19 +364,19 @@ const backoffSQL = `clock_timestamp() + make_interval(secs =>
 
 // claimSQL walks the heads from the cursor to the end (tail) and then from
 // the start up to the cursor (front), keeps the due PENDING ones (a FAILED
-// head, or one waiting for its backoff, holds its key), locks them with SKIP
-// LOCKED and counts the attempt. The due and lock conditions are repeated in
-// "mine" so that a row another claim updated meanwhile is re-checked on its
-// new version. A head whose attempts are already exhausted was claimed by a
-// processor that never finished: it turns FAILED here instead of running
-// again.
+// head, or one waiting for its backoff or its ReorderWindow, holds its key),
+// locks them with SKIP LOCKED and counts the attempt. The due condition is
+// repeated in "mine" so that a row another claim updated meanwhile is
+// re-checked on its new version. A head whose attempts are already
+// exhausted was claimed by a processor that never finished: it turns FAILED
+// here instead of running again.
 var claimSQL = `WITH RECURSIVE ` +
 	fmt.Sprintf(walkSQL, "tail", "i.ordering_key > @after") + `,
 	` + fmt.Sprintf(walkSQL, "front", "i.ordering_key <= @after") + `,
 due AS (
 	SELECT message_id FROM (SELECT * FROM tail UNION ALL SELECT * FROM front) heads
 	 WHERE status = 'PENDING' AND next_attempt_at <= now() AND received_at <= now() - @reorder_window::interval
-	 LIMIT @limit * 2),
+	 LIMIT @limit),
 mine AS (
 	SELECT i.message_id FROM inbox i
 	 WHERE i.consumer = @consumer AND i.message_id IN (SELECT message_id FROM due)

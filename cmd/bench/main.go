@@ -1,0 +1,192 @@
+// Command bench measures the library against bare baselines on the same
+// servers, side by side, in one process and one run, and prints a table
+// (and writes a JSON file) with each library figure as a ratio to its
+// baseline and the targets it is held to.
+//
+//	scripts/stack.sh with go run ./cmd/bench [flags]     (or: make bench)
+//
+// What it measures (see README "Performance"):
+//
+//  1. PostgreSQL baselines: bare single-row INSERT transactions/s, and the
+//     bare rewards transaction (INSERT dedupe + INSERT credit + UPDATE
+//     wallet), at each -conns.
+//  2. SQS baselines: SendMessageBatch msgs/s, Receive+DeleteMessageBatch
+//     msgs/s, and SendMessage→ReceiveMessage latency.
+//  3. The library: Consumer.Handle for new and for duplicate messages,
+//     HandleBatch (10 per call), Inbox.Receive, the outbox relay (1 and 2
+//     replicas) and its commit→queue latency (LISTEN/NOTIFY and polling).
+//  4. The pipeline: -payments payments through the payments HTTP API with
+//     the four services running, payments/s and the latency from the
+//     payment's commit to the cashback commit and to the SMS being SENT.
+//  5. With -soak D: the pipeline at full load for D, sampling each
+//     service's RSS every 5 s.
+//
+// Every measurement gets its own fresh database (CREATE DATABASE
+// bench_<run>_<x> on the server of DATABASE_URL, dropped afterwards) and its
+// own queues (bench-<run>-<x>, deleted afterwards); the pipeline's services
+// get fresh databases and queues too. The bench never touches service data.
+//
+// It exits 0 when targets are missed (it is a measurement) and non-zero only
+// when something failed.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	duration     time.Duration
+	conns        []int
+	payments     int
+	soak         time.Duration
+	out          string
+	skipPipeline bool
+	relayRows    int
+	rounds       int
+	only         map[string]bool
+	basePort     int
+	root         string
+}
+
+func main() {
+	var o options
+	var conns string
+	flag.DurationVar(&o.duration, "duration", 3*time.Second, "time per throughput measurement")
+	flag.StringVar(&conns, "conns", "1,8", "comma-separated connection counts for the PostgreSQL measurements")
+	flag.IntVar(&o.payments, "payments", 300, "payments sent through the HTTP API in the pipeline measurement")
+	flag.DurationVar(&o.soak, "soak", 0, "run the pipeline at full load this long, sampling each service's RSS every 5s (0: skip)")
+	flag.StringVar(&o.out, "out", "bench.json", "where to write the JSON results")
+	flag.BoolVar(&o.skipPipeline, "skip-pipeline", false, "skip the pipeline (and soak) measurements, which start the services")
+	flag.IntVar(&o.relayRows, "relay-rows", 10000, "outbox rows (and SQS messages) per relay / SQS throughput measurement")
+	flag.IntVar(&o.rounds, "rounds", 3, "PostgreSQL measurements are interleaved in this many rounds of -duration/rounds each")
+	flag.IntVar(&o.basePort, "base-port", 0, "run the pipeline's services on ports base (payments), base+1 (rewards), base+2 (notifications), base+9 (SMS provider) instead of the stack's 8081-8083, 8090")
+	only := flag.String("only", "", "run only these parts, comma-separated: postgres, sqs, pipeline (default: all)")
+	flag.StringVar(&o.root, "root", "", "repository root (default: found from the working directory)")
+	flag.Parse()
+	for _, s := range strings.Split(conns, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "bench: bad -conns %q\n", conns)
+			os.Exit(2)
+		}
+		o.conns = append(o.conns, n)
+	}
+	if *only != "" {
+		o.only = map[string]bool{}
+		for _, s := range strings.Split(*only, ",") {
+			switch s = strings.TrimSpace(s); s {
+			case "postgres", "sqs", "pipeline":
+				o.only[s] = true
+			default:
+				fmt.Fprintf(os.Stderr, "bench: -only: unknown part %q (want postgres, sqs, pipeline)\n", s)
+				os.Exit(2)
+			}
+		}
+	}
+	if o.root == "" {
+		root, err := findRoot()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(2)
+		}
+		o.root = root
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: error:", err)
+		os.Exit(1)
+	}
+}
+
+// findRoot walks up from the working directory to the directory with go.mod.
+func findRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory: run from the repository or pass -root")
+		}
+		dir = parent
+	}
+}
+
+func (o options) part(name string) bool { return o.only == nil || o.only[name] }
+
+// progress lines go to stderr, so stdout carries only the table.
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+}
+
+func run(ctx context.Context, o options) error {
+	// The library logs through slog.Default on a few paths; nothing of it is
+	// the bench's output.
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	if os.Getenv("DATABASE_URL") == "" {
+		return errors.New("DATABASE_URL is not set: run it as `make bench` or `scripts/stack.sh with go run ./cmd/bench`")
+	}
+	if os.Getenv("AWS_ENDPOINT_URL") == "" && os.Getenv("AWS_ENDPOINT_URL_SQS") == "" {
+		return errors.New("AWS_ENDPOINT_URL is not set: run it as `make bench` or `scripts/stack.sh with go run ./cmd/bench` (the bench never talks to real AWS)")
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	runID := hex.EncodeToString(b)
+	began := time.Now()
+	rep := &report{Started: began.UTC(), Options: jsonOptions(o), RunID: runID}
+
+	pg, err := newPGEnv(ctx, os.Getenv("DATABASE_URL"), runID)
+	if err != nil {
+		return err
+	}
+	defer pg.close()
+	rep.Machine = machineInfo(ctx, pg)
+	cpu = findCPUGroups(ctx, pg)
+	progress("run %s on %d CPUs (%s), %s, PostgreSQL %s", runID, rep.Machine.NumCPU, rep.Machine.CPUModel, rep.Machine.GoVersion, rep.Machine.PostgresShort)
+
+	if o.part("postgres") {
+		if err := benchPostgres(ctx, pg, o, rep); err != nil {
+			return fmt.Errorf("postgres measurements: %w", err)
+		}
+	}
+	sq, err := newSQSEnv(ctx, runID)
+	if err != nil {
+		return err
+	}
+	defer sq.close()
+	if o.part("sqs") {
+		if err := benchSQS(ctx, pg, sq, o, rep); err != nil {
+			return fmt.Errorf("SQS measurements: %w", err)
+		}
+	}
+	if o.part("pipeline") && !o.skipPipeline {
+		if err := benchPipeline(ctx, pg, sq, o, rep); err != nil {
+			return fmt.Errorf("pipeline: %w", err)
+		}
+	}
+	rep.Elapsed = time.Since(began).Round(time.Millisecond).String()
+	rep.print(os.Stdout)
+	if err := rep.write(o.out); err != nil {
+		return err
+	}
+	progress("done in %s; results in %s", rep.Elapsed, o.out)
+	return nil
+}

@@ -1,0 +1,737 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go/middleware"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/pkg/idempotent/inboxsqs"
+	"github.com/effectively-once/payments-cashback/pkg/outbox"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+)
+
+// The relay's defaults: RelayConfig.Workers 2, each PublishBatch with
+// NewPublisher's 4 SendMessageBatch calls in flight.
+const (
+	relayWorkers   = 2
+	publisherCalls = 4
+	relayInFlight  = relayWorkers * publisherCalls
+)
+
+type sqsEnv struct {
+	client *sqs.Client
+	run    string
+
+	mu     sync.Mutex
+	queues []string
+}
+
+func newSQSEnv(ctx context.Context, run string) (*sqsEnv, error) {
+	c, err := sqstransport.NewClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &sqsEnv{client: c, run: run}, nil
+}
+
+// queue creates bench-<run>-<name> and its DLQ; delete removes them.
+func (e *sqsEnv) queue(ctx context.Context, name string, visibility time.Duration) (url string, del func(), err error) {
+	full := "bench-" + e.run + "-" + name
+	q, dlq, err := sqstransport.EnsureQueue(ctx, e.client, full, 5, visibility)
+	if err != nil {
+		return "", nil, err
+	}
+	e.mu.Lock()
+	e.queues = append(e.queues, q, dlq)
+	e.mu.Unlock()
+	return q, func() { e.deleteQueues(q, dlq) }, nil
+}
+
+func (e *sqsEnv) deleteQueues(urls ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, u := range urls {
+		if _, err := e.client.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(u)}); err != nil {
+			var missing *types.QueueDoesNotExist
+			if !errors.As(err, &missing) {
+				progress("warning: delete queue %s: %v", u, err)
+			}
+		}
+		e.mu.Lock()
+		for i, q := range e.queues {
+			if q == u {
+				e.queues = append(e.queues[:i], e.queues[i+1:]...)
+				break
+			}
+		}
+		e.mu.Unlock()
+	}
+}
+
+func (e *sqsEnv) close() {
+	e.mu.Lock()
+	left := append([]string(nil), e.queues...)
+	e.mu.Unlock()
+	e.deleteQueues(left...)
+}
+
+// relayMessages builds n messages shaped like the relay's: the envelope as
+// body and the event_id, event_type and traceparent attributes.
+func relayMessages(n int) ([]outbox.Message, error) {
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		cr, err := newCredit()
+		if err != nil {
+			return nil, err
+		}
+		body, err := cr.env.Marshal()
+		if err != nil {
+			return nil, err
+		}
+		msgs[i] = outbox.Message{ID: cr.env.EventID, Body: body, Attributes: map[string]string{
+			"event_id": cr.env.EventID.String(), "event_type": cr.env.EventType,
+			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
+	}
+	return msgs, nil
+}
+
+func sendEntries(msgs []outbox.Message) []types.SendMessageBatchRequestEntry {
+	out := make([]types.SendMessageBatchRequestEntry, len(msgs))
+	for i, m := range msgs {
+		attrs := make(map[string]types.MessageAttributeValue, len(m.Attributes))
+		for k, v := range m.Attributes {
+			attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+		}
+		out[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(string(m.Body)), MessageAttributes: attrs}
+	}
+	return out
+}
+
+// bareSend puts msgs on q with bare SendMessageBatch calls of 10, inFlight
+// at once, and returns how long that took.
+func bareSend(ctx context.Context, c *sqs.Client, q string, msgs []outbox.Message, inFlight int) (time.Duration, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	var first error
+	start := time.Now()
+	for range inFlight {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(10)) - 10
+				if i >= len(msgs) || ctx.Err() != nil {
+					return
+				}
+				out, err := c.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(q), Entries: sendEntries(msgs[i:min(i+10, len(msgs))])})
+				if err == nil && len(out.Failed) > 0 {
+					err = fmt.Errorf("SendMessageBatch: %d entries failed: %s", len(out.Failed), aws.ToString(out.Failed[0].Message))
+				}
+				if err != nil {
+					errOnce.Do(func() { first = err })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start), first
+}
+
+// bareReceiveDelete drains total messages from q with loops concurrent
+// ReceiveMessage(10) + DeleteMessageBatch loops.
+func bareReceiveDelete(ctx context.Context, c *sqs.Client, q string, total, loops int) (time.Duration, error) {
+	var got atomic.Int64
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	var first error
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	for range loops {
+		wg.Go(func() {
+			for got.Load() < int64(total) && ctx.Err() == nil {
+				out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(q),
+					MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"},
+					MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount}})
+				if err == nil && len(out.Messages) > 0 {
+					del := make([]types.DeleteMessageBatchRequestEntry, len(out.Messages))
+					for i, m := range out.Messages {
+						del[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle}
+					}
+					_, err = c.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(q), Entries: del})
+					got.Add(int64(len(out.Messages)))
+				}
+				if err != nil && ctx.Err() == nil {
+					errOnce.Do(func() { first = err; cancel() })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if first == nil && got.Load() < int64(total) {
+		first = fmt.Errorf("received %d of %d messages: %w", got.Load(), total, ctx.Err())
+	}
+	return time.Since(start), first
+}
+
+// countingClient returns a copy of c that counts its calls per operation.
+func countingClient(c *sqs.Client) (*sqs.Client, func(op string) int64) {
+	var mu sync.Mutex
+	calls := map[string]int64{}
+	cc := sqs.New(c.Options(), func(o *sqs.Options) {
+		o.APIOptions = append(o.APIOptions, func(st *middleware.Stack) error {
+			return st.Initialize.Add(middleware.InitializeMiddlewareFunc("bench-count-calls",
+				func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+					mu.Lock()
+					calls[awsmiddleware.GetOperationName(ctx)]++
+					mu.Unlock()
+					return next.HandleInitialize(ctx, in)
+				}), middleware.After)
+		})
+	})
+	return cc, func(op string) int64 { mu.Lock(); defer mu.Unlock(); return calls[op] }
+}
+
+func depth(ctx context.Context, c *sqs.Client, q string) (int, error) {
+	out, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(q), AttributeNames: []types.QueueAttributeName{
+		types.QueueAttributeNameApproximateNumberOfMessages, types.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
+	if err != nil {
+		return 0, err
+	}
+	v, _ := strconv.Atoi(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessages)])
+	i, _ := strconv.Atoi(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)])
+	return v + i, nil
+}
+
+// waitUntil polls cond every interval until it is true, fails or timeout passes.
+func waitUntil(ctx context.Context, timeout, interval time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not done after %s", what, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}
+
+func count(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, sql, args...).Scan(&n)
+	return n, err
+}
+
+func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report) error {
+	const sec = "SQS: baselines, the relay and the inbox receiver"
+	m := o.relayRows
+	c := sq.client
+	progress("sqs, %d messages per throughput measurement", m)
+
+	// Bare SendMessageBatch with as many calls in flight as one relay
+	// replica can have (2 workers x 4), and with one PublishBatch's worth
+	// (4); then drain that queue with bare receive + delete loops.
+	if err := func() error {
+		q, del, err := sq.queue(ctx, "send", 30*time.Second)
+		if err != nil {
+			return err
+		}
+		defer del()
+		for _, inFlight := range []int{relayInFlight, publisherCalls} {
+			msgs, err := relayMessages(m)
+			if err != nil {
+				return err
+			}
+			var el time.Duration
+			use, err := cpuOf(func() (err error) { el, err = bareSend(ctx, c, q, msgs, inFlight); return err })
+			if err != nil {
+				return fmt.Errorf("bare send: %w", err)
+			}
+			key := "bare_send"
+			if inFlight != relayInFlight {
+				key = fmt.Sprintf("bare_send_f%d", inFlight)
+			}
+			rep.add(&Row{Key: key, Section: sec, Name: fmt.Sprintf("bare SendMessageBatch (10/call, %d in flight)", inFlight),
+				Value: float64(m) / el.Seconds(), Unit: "msgs/s", Details: map[string]any{"messages": m, "elapsed_s": el.Seconds(), "cpu_cores": use.rounded()}})
+		}
+		var el time.Duration
+		use, err := cpuOf(func() (err error) { el, err = bareReceiveDelete(ctx, c, q, 2*m, 4); return err })
+		if err != nil {
+			return fmt.Errorf("bare receive+delete: %w", err)
+		}
+		rep.add(&Row{Key: "bare_recv4", Section: sec, Name: "bare Receive(10)+DeleteBatch, 4 loops",
+			Value: float64(2*m) / el.Seconds(), Unit: "msgs/s", Details: map[string]any{"messages": 2 * m, "elapsed_s": el.Seconds(), "cpu_cores": use.rounded()}})
+		return nil
+	}(); err != nil {
+		return err
+	}
+
+	// One receive loop, which is what a Subscriber runs; then the Subscriber
+	// feeding an Inbox (inboxsqs) over the same number of messages.
+	if err := func() error {
+		q, del, err := sq.queue(ctx, "recv1", 30*time.Second)
+		if err != nil {
+			return err
+		}
+		defer del()
+		msgs, err := relayMessages(m)
+		if err != nil {
+			return err
+		}
+		if _, err := bareSend(ctx, c, q, msgs, relayInFlight); err != nil {
+			return err
+		}
+		var el time.Duration
+		use, err := cpuOf(func() (err error) { el, err = bareReceiveDelete(ctx, c, q, m, 1); return err })
+		if err != nil {
+			return fmt.Errorf("bare receive+delete: %w", err)
+		}
+		rep.add(&Row{Key: "bare_recv1", Section: sec, Name: "bare Receive(10)+DeleteBatch, 1 loop",
+			Value: float64(m) / el.Seconds(), Unit: "msgs/s", Details: map[string]any{"messages": m, "elapsed_s": el.Seconds(), "cpu_cores": use.rounded()}})
+
+		if _, err := bareSend(ctx, c, q, msgs, relayInFlight); err != nil {
+			return err
+		}
+		pool, drop, err := pg.freshDB(ctx, "inboxsqs", 12)
+		if err != nil {
+			return err
+		}
+		defer drop()
+		if err := idempotent.Migrate(ctx, pool); err != nil {
+			return err
+		}
+		in, err := idempotent.NewInbox(pool, consumerName, idempotent.InboxConfig{Logger: quiet, MeterProvider: noop.NewMeterProvider()})
+		if err != nil {
+			return err
+		}
+		defer in.Close()
+		cc, calls := countingClient(c)
+		sub, err := sqstransport.NewSubscriber(cc, sqstransport.SubscriberConfig{QueueURL: q, WaitTime: time.Second, Logger: quiet},
+			inboxsqs.Handler(in, idempotent.ByAggregate))
+		if err != nil {
+			return err
+		}
+		sctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		s0 := cpu.sample()
+		start := time.Now()
+		go func() { done <- sub.Run(sctx) }()
+		err = waitUntil(ctx, 5*time.Minute, 20*time.Millisecond, "inbox stores every message", func() (bool, error) {
+			n, err := count(ctx, pool, `SELECT count(*) FROM inbox`)
+			return n >= int64(m), err
+		})
+		if err == nil {
+			err = waitUntil(ctx, time.Minute, 20*time.Millisecond, "queue drained", func() (bool, error) {
+				d, err := depth(ctx, c, q)
+				return d == 0, err
+			})
+		}
+		el = time.Since(start)
+		use = s0.until(cpu.sample())
+		stop()
+		if rerr := <-done; err == nil {
+			err = rerr
+		}
+		if err != nil {
+			return fmt.Errorf("subscriber+inbox: %w", err)
+		}
+		rep.add(&Row{Key: "inboxsqs", Section: sec, Name: "Subscriber+inboxsqs: received, stored, deleted",
+			Value: float64(m) / el.Seconds(), Unit: "acks/s", Baseline: rep.ref("bare_recv1"),
+			Details: map[string]any{"messages": m, "elapsed_s": el.Seconds(), "subscriber_concurrency": 8, "cpu_cores": use.rounded(),
+				"msgs_per_receive": float64(m) / float64(max(calls("ReceiveMessage"), 1)),
+				"msgs_per_delete":  float64(m) / float64(max(calls("DeleteMessageBatch"), 1))}})
+		return nil
+	}(); err != nil {
+		return err
+	}
+
+	// The relay: m pre-inserted outbox rows until all are published, with
+	// one replica and with two.
+	for _, rc := range []struct{ replicas, workers, calls int }{
+		{1, relayWorkers, publisherCalls}, {2, relayWorkers, publisherCalls}, {1, 4, 2},
+	} {
+		if err := benchRelay(ctx, pg, sq, m, rc.replicas, rc.workers, rc.calls, sec, rep); err != nil {
+			return fmt.Errorf("relay, %d replicas: %w", rc.replicas, err)
+		}
+	}
+	if r1, r2 := rep.ref("relay_r1"), rep.ref("relay_r2"); r1 != nil && r2 != nil {
+		rep.add(&Row{Key: "relay_r2_vs_r1", Section: sec, Name: "relay, 2 replicas vs 1", Value: r2.Value, Unit: "rows/s",
+			Baseline: r1, Target: minRatio(1)})
+	}
+
+	// Latency from commit to the queue.
+	return benchLatency(ctx, pg, sq, o, rep)
+}
+
+func benchRelay(ctx context.Context, pg *pgEnv, sq *sqsEnv, m, replicas, workers, calls int, sec string, rep *report) error {
+	name := fmt.Sprintf("relay_r%d", replicas)
+	tuned := workers != relayWorkers || calls != publisherCalls
+	if tuned {
+		name = fmt.Sprintf("relay_r%d_w%dx%d", replicas, workers, calls)
+	}
+	pool, drop, err := pg.freshDB(ctx, name, 4)
+	if err != nil {
+		return err
+	}
+	defer drop()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	q, del, err := sq.queue(ctx, name, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	defer del()
+	if err := copyOutbox(ctx, pool, m); err != nil {
+		return err
+	}
+	pools := make([]*pgxpool.Pool, replicas)
+	for i := range pools {
+		cfg := pool.Config().Copy()
+		cfg.MaxConns = int32(workers + 2)
+		if pools[i], err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			return err
+		}
+		defer pools[i].Close()
+	}
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	s0 := cpu.sample()
+	start := time.Now()
+	for i := range replicas {
+		r, err := outbox.NewRelay(pools[i], sqstransport.NewPublisher(sq.client, q, calls),
+			outbox.RelayConfig{Workers: workers, Logger: quiet})
+		if err != nil {
+			stop()
+			return err
+		}
+		wg.Go(func() { _ = r.Run(rctx) })
+	}
+	err = waitUntil(ctx, 5*time.Minute, 10*time.Millisecond, "every outbox row published", func() (bool, error) {
+		n, err := count(ctx, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`)
+		return n == 0, err
+	})
+	el := time.Since(start)
+	use := s0.until(cpu.sample())
+	stop()
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	d, err := depth(ctx, sq.client, q)
+	if err != nil {
+		return err
+	}
+	label := fmt.Sprintf("outbox relay, %d replica(s), defaults (%d workers x %d calls)", replicas, workers, calls)
+	if tuned {
+		label = fmt.Sprintf("outbox relay, %d replica, tuned: %d workers x %d calls", replicas, workers, calls)
+	}
+	row := &Row{Key: name, Section: sec, Name: label,
+		Value: float64(m) / el.Seconds(), Unit: "rows/s", Baseline: rep.ref("bare_send"),
+		Details: map[string]any{"rows": m, "elapsed_s": el.Seconds(), "queue_depth_after": d, "workers": workers, "calls_per_publish": calls,
+			"cpu_cores": use.rounded()}}
+	if replicas == 1 && !tuned {
+		row.Target = minRatio(0.8)
+	}
+	rep.add(row)
+	return nil
+}
+
+// copyOutbox COPYs m outbox rows shaped like Add's: valid envelopes with
+// UUIDv7 ids and a traceparent header.
+func copyOutbox(ctx context.Context, pool *pgxpool.Pool, m int) error {
+	src := make([][]any, m)
+	headers := map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+	for i := range src {
+		cr, err := newCredit()
+		if err != nil {
+			return err
+		}
+		e := cr.env
+		src[i] = []any{e.EventID, e.AggregateID, e.AggregateVersion, e.EventType, string(e.Payload), headers, e.OccurredAt}
+	}
+	_, err := pool.CopyFrom(ctx, pgx.Identifier{"outbox"},
+		[]string{"id", "aggregate_id", "aggregate_version", "event_type", "payload", "headers", "occurred_at"}, pgx.CopyFromRows(src))
+	if err != nil {
+		return err
+	}
+	_, err = pool.Exec(ctx, `ANALYZE outbox`)
+	return err
+}
+
+// timingPublisher notes when the queue accepted each message.
+type timingPublisher struct {
+	next outbox.Publisher
+	mu   sync.Mutex
+	at   map[uuid.UUID]time.Time
+}
+
+func (p *timingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (map[uuid.UUID]error, error) {
+	failed, err := p.next.PublishBatch(ctx, msgs)
+	now := time.Now()
+	if err != nil {
+		return failed, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range msgs {
+		if _, bad := failed[m.ID]; !bad {
+			if _, seen := p.at[m.ID]; !seen {
+				p.at[m.ID] = now
+			}
+		}
+	}
+	return failed, nil
+}
+
+// receivers long-poll q, noting when each event id was first seen, and
+// delete what they receive; stop ends them.
+func receivers(ctx context.Context, c *sqs.Client, q string, n int) (seen func() map[uuid.UUID]time.Time, stop func()) {
+	var mu sync.Mutex
+	at := map[uuid.UUID]time.Time{}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(q), MaxNumberOfMessages: 10,
+					WaitTimeSeconds: 1, VisibilityTimeout: 5})
+				if err != nil {
+					continue
+				}
+				now := time.Now()
+				mu.Lock()
+				for _, m := range out.Messages {
+					var env struct {
+						EventID uuid.UUID `json:"event_id"`
+					}
+					if json.Unmarshal([]byte(aws.ToString(m.Body)), &env) == nil {
+						if _, ok := at[env.EventID]; !ok {
+							at[env.EventID] = now
+						}
+					}
+				}
+				mu.Unlock()
+				if len(out.Messages) > 0 {
+					del := make([]types.DeleteMessageBatchRequestEntry, len(out.Messages))
+					for i, m := range out.Messages {
+						del[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle}
+					}
+					_, _ = c.DeleteMessageBatch(context.WithoutCancel(ctx), &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(q), Entries: del})
+				}
+			}
+		})
+	}
+	return func() map[uuid.UUID]time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			cp := make(map[uuid.UUID]time.Time, len(at))
+			for k, v := range at {
+				cp[k] = v
+			}
+			return cp
+		}, func() {
+			cancel()
+			wg.Wait()
+		}
+}
+
+// latencyRate is the steady rate at which the latency measurements commit
+// (or send) events, one at a time.
+const latencyRate = 100
+
+// steady calls send latencyRate times a second for d, one at a time, and
+// returns when each call was made (t0 per id).
+func steady(ctx context.Context, d time.Duration, send func(ctx context.Context) (uuid.UUID, time.Time, error)) (map[uuid.UUID]time.Time, error) {
+	t0 := map[uuid.UUID]time.Time{}
+	n := int(d.Seconds() * latencyRate)
+	begin := time.Now()
+	for i := range n {
+		if w := time.Until(begin.Add(time.Duration(i) * time.Second / latencyRate)); w > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(w):
+			}
+		}
+		id, at, err := send(ctx)
+		if err != nil {
+			return nil, err
+		}
+		t0[id] = at
+	}
+	return t0, nil
+}
+
+func latencies(t0, t1 map[uuid.UUID]time.Time) []float64 {
+	ds := make([]time.Duration, 0, len(t0))
+	for id, a := range t0 {
+		if b, ok := t1[id]; ok {
+			ds = append(ds, b.Sub(a))
+		}
+	}
+	return sortedMillis(ds)
+}
+
+func waitSeen(ctx context.Context, seen func() map[uuid.UUID]time.Time, want map[uuid.UUID]time.Time) error {
+	return waitUntil(ctx, 60*time.Second, 10*time.Millisecond, "every event received", func() (bool, error) {
+		s := seen()
+		for id := range want {
+			if _, ok := s[id]; !ok {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+func benchLatency(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report) error {
+	const sec = "Latency: outbox commit → queue"
+	c := sq.client
+	progress("latency, %d events/s for %s each", latencyRate, o.duration)
+
+	// Baseline: SendMessage at t0, received at t1.
+	var bareP50 float64
+	if err := func() error {
+		q, del, err := sq.queue(ctx, "lat-bare", 30*time.Second)
+		if err != nil {
+			return err
+		}
+		defer del()
+		seen, stop := receivers(ctx, c, q, 2)
+		defer stop()
+		t0, err := steady(ctx, o.duration, func(ctx context.Context) (uuid.UUID, time.Time, error) {
+			cr, err := newCredit()
+			if err != nil {
+				return uuid.Nil, time.Time{}, err
+			}
+			body, _ := cr.env.Marshal()
+			at := time.Now()
+			_, err = c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(q), MessageBody: aws.String(string(body))})
+			return cr.env.EventID, at, err
+		})
+		if err != nil {
+			return err
+		}
+		if err := waitSeen(ctx, seen, t0); err != nil {
+			return err
+		}
+		lat := latencies(t0, seen())
+		bareP50 = percentile(lat, 0.5)
+		rep.add(&Row{Key: "bare_send_recv_p50", Section: sec, Name: "bare SendMessage → ReceiveMessage, p50", Value: bareP50, Unit: "ms",
+			Details: map[string]any{"p99_ms": percentile(lat, 0.99), "events": len(lat)}})
+		return nil
+	}(); err != nil {
+		return fmt.Errorf("bare latency: %w", err)
+	}
+
+	for _, tc := range []struct {
+		key, name string
+		cfg       outbox.RelayConfig
+	}{
+		{"listen", "LISTEN/NOTIFY (poll 10s)", outbox.RelayConfig{PollInterval: 10 * time.Second}},
+		{"poll200", "polling every 200ms", outbox.RelayConfig{PollInterval: 200 * time.Millisecond, DisableListen: true}},
+	} {
+		if err := func() error {
+			pool, drop, err := pg.freshDB(ctx, "lat_"+tc.key, 6)
+			if err != nil {
+				return err
+			}
+			defer drop()
+			if err := outbox.Migrate(ctx, pool); err != nil {
+				return err
+			}
+			q, del, err := sq.queue(ctx, "lat-"+tc.key, 30*time.Second)
+			if err != nil {
+				return err
+			}
+			defer del()
+			tp := &timingPublisher{next: sqstransport.NewPublisher(c, q, publisherCalls), at: map[uuid.UUID]time.Time{}}
+			cfg := tc.cfg
+			cfg.Logger = quiet
+			relay, err := outbox.NewRelay(pool, tp, cfg)
+			if err != nil {
+				return err
+			}
+			rctx, stopRelay := context.WithCancel(ctx)
+			relayDone := make(chan struct{})
+			go func() { defer close(relayDone); _ = relay.Run(rctx) }()
+			defer func() { stopRelay(); <-relayDone }()
+			if !cfg.DisableListen {
+				if err := waitUntil(ctx, 10*time.Second, 10*time.Millisecond, "relay LISTENing", func() (bool, error) {
+					n, err := count(ctx, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN outbox'`)
+					return n > 0, err
+				}); err != nil {
+					return err
+				}
+			}
+			seen, stop := receivers(ctx, c, q, 2)
+			defer stop()
+			t0, err := steady(ctx, o.duration, func(ctx context.Context) (uuid.UUID, time.Time, error) {
+				cr, err := newCredit()
+				if err != nil {
+					return uuid.Nil, time.Time{}, err
+				}
+				err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Add(ctx, tx, cr.env) })
+				return cr.env.EventID, time.Now(), err
+			})
+			if err != nil {
+				return err
+			}
+			if err := waitSeen(ctx, seen, t0); err != nil {
+				return err
+			}
+			tp.mu.Lock()
+			accepted := latencies(t0, tp.at)
+			tp.mu.Unlock()
+			received := latencies(t0, seen())
+			row := &Row{Key: "outbox_queue_" + tc.key + "_p50", Section: sec,
+				Name:  "outbox commit → SQS accepted, " + tc.name + ", p50",
+				Value: percentile(accepted, 0.5), Unit: "ms",
+				Details: map[string]any{"p99_ms": percentile(accepted, 0.99), "events": len(accepted),
+					"commit_to_received_p50_ms": percentile(received, 0.5), "commit_to_received_p99_ms": percentile(received, 0.99),
+					"added_vs_bare_send_received_p50_ms": percentile(received, 0.5) - bareP50}}
+			if tc.key == "listen" {
+				row.Target = maxValue(10, "ms")
+			}
+			rep.add(row)
+			rep.add(&Row{Key: "outbox_queue_" + tc.key + "_p99", Section: sec,
+				Name:  "outbox commit → SQS accepted, " + tc.name + ", p99",
+				Value: percentile(accepted, 0.99), Unit: "ms"})
+			rep.add(&Row{Key: "outbox_added_" + tc.key + "_p50", Section: sec,
+				Name:  "added vs a direct send: (commit → received) − (send → received), " + tc.name + ", p50",
+				Value: percentile(received, 0.5) - bareP50, Unit: "ms",
+				Details: map[string]any{"commit_to_received_p50_ms": percentile(received, 0.5), "commit_to_received_p99_ms": percentile(received, 0.99)}})
+			return nil
+		}(); err != nil {
+			return fmt.Errorf("latency %s: %w", tc.key, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,237 @@
+// Package e2e is the duplicate / redrive / race / crash suite: black-box
+// tests against the running services, one Go test per scenario of the
+// design, each asserting exact numbers from the service databases (read
+// only), the queues and the dev SMS provider.
+//
+// They talk only through public surfaces: the HTTP APIs, the SQS API, the
+// databases read-only, the services' /metrics and logs, and process control
+// (start, SIGKILL, restart with test knobs) through internal/stack.
+//
+// Run them with `make e2e` (part of `make test`), or by hand:
+//
+//	scripts/stack.sh with go test -count=1 -v -timeout 20m ./e2e/
+//
+// E2E_STACK selects the services under test:
+//
+//	local (default)  TestMain builds and starts smsprovider, payments,
+//	                 rewards and notifications (internal/stack) against the
+//	                 infrastructure in .stack/env, and stops them at the end.
+//	compose          the services of `docker compose up` (or any already
+//	                 running ones) at the URLs in the environment; scenarios
+//	                 that need process control or test knobs are skipped.
+//
+// E2E_STORM_N sets the number of payments of the storm (default 1000).
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectively-once/payments-cashback/internal/stack"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+)
+
+// suite is what every scenario shares: one stack, one run id.
+type suite struct {
+	root  string
+	env   map[string]string
+	local *stack.Local // nil when the services are not ours (compose)
+
+	paymentsURL, rewardsURL, notificationsURL, smsURL string
+
+	payDB, rewDB, notDB *pgxpool.Pool // read-only
+	sqs                 *sqs.Client
+	payQ, payDLQ        string // queue URLs
+	rewQ, rewDLQ        string
+
+	redriveBin string
+	run        string // unique per suite run: user and payment ids carry it
+}
+
+var s suite
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("e2e: skipped with -short (the suite needs the running stack)")
+		os.Exit(0)
+	}
+	code, err := setup(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func setup(m *testing.M) (code int, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s.run = randomHex(4)
+	if s.root, err = stack.RepoRoot(); err != nil {
+		return 0, err
+	}
+	mode := os.Getenv("E2E_STACK")
+	switch mode {
+	case "", "local":
+		if s.env, err = stack.LoadEnv(s.root); err != nil {
+			return 0, err
+		}
+		t0 := time.Now()
+		s.local, err = stack.StartLocal(ctx, stack.Options{Root: s.root, Env: s.env,
+			LogDir: filepath.Join(s.root, ".stack", "logs", "e2e"), Ready: time.Minute})
+		var busy *stack.PortInUseError
+		if errors.As(err, &busy) {
+			return 0, fmt.Errorf("%w\n(to run the suite against services that are already up, set E2E_STACK=compose; "+
+				"scenarios that need process control are then skipped)", err)
+		}
+		if err != nil {
+			return 0, err
+		}
+		defer s.local.Close()
+		fmt.Printf("e2e: local stack up in %v (logs in %s)\n", time.Since(t0).Round(time.Millisecond), filepath.Dir(s.local.LogPath("payments")))
+		s.paymentsURL, s.rewardsURL = s.local.URL(stack.Payments), s.local.URL(stack.Rewards)
+		s.notificationsURL, s.smsURL = s.local.URL(stack.Notifications), s.local.URL(stack.SMSProvider)
+	case "compose", "external":
+		// The services of docker-compose.yml, on their published ports.
+		s.env = map[string]string{}
+		for k, def := range map[string]string{
+			"PAYMENTS_DATABASE_URL":      "postgres://postgres:postgres@127.0.0.1:5432/payments?sslmode=disable",
+			"REWARDS_DATABASE_URL":       "postgres://postgres:postgres@127.0.0.1:5432/rewards?sslmode=disable",
+			"NOTIFICATIONS_DATABASE_URL": "postgres://postgres:postgres@127.0.0.1:5432/notifications?sslmode=disable",
+			"AWS_ENDPOINT_URL":           "http://127.0.0.1:4566",
+			"PAYMENTS_URL":               "http://127.0.0.1:8081",
+			"REWARDS_URL":                "http://127.0.0.1:8082",
+			"NOTIFICATIONS_URL":          "http://127.0.0.1:8083",
+			"SMS_PROVIDER_URL":           "http://127.0.0.1:8090",
+		} {
+			s.env[k] = def
+			if v := os.Getenv(k); v != "" {
+				s.env[k] = v
+			}
+		}
+		s.paymentsURL, s.rewardsURL = s.env["PAYMENTS_URL"], s.env["REWARDS_URL"]
+		s.notificationsURL, s.smsURL = s.env["NOTIFICATIONS_URL"], s.env["SMS_PROVIDER_URL"]
+		for _, u := range []string{s.paymentsURL, s.rewardsURL, s.notificationsURL} {
+			if err := readyz(ctx, u+"/readyz"); err != nil {
+				return 0, fmt.Errorf("E2E_STACK=%s: %w (is `docker compose up` running?)", mode, err)
+			}
+		}
+		fmt.Printf("e2e: E2E_STACK=%s: using the running services; scenarios needing process control are skipped\n", mode)
+	default:
+		return 0, fmt.Errorf("E2E_STACK=%q: want local or compose", mode)
+	}
+
+	// The test process's own SQS client and the redrive command read the
+	// standard AWS variables.
+	for _, k := range []string{"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SQS", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} {
+		if v := s.env[k]; v != "" {
+			os.Setenv(k, v)
+		}
+	}
+	if os.Getenv("AWS_ACCESS_KEY_ID") == "" {
+		os.Setenv("AWS_ACCESS_KEY_ID", "test")
+		os.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	}
+	if os.Getenv("AWS_REGION") == "" {
+		os.Setenv("AWS_REGION", "us-east-1")
+	}
+	if s.sqs, err = sqstransport.NewClient(ctx); err != nil {
+		return 0, err
+	}
+	for _, q := range []struct {
+		dst  *string
+		name string
+	}{{&s.payQ, "payments-events"}, {&s.payDLQ, "payments-events-dlq"}, {&s.rewQ, "rewards-events"}, {&s.rewDLQ, "rewards-events-dlq"}} {
+		out, err := s.sqs.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: &q.name})
+		if err != nil {
+			return 0, fmt.Errorf("queue %s: %w", q.name, err)
+		}
+		*q.dst = *out.QueueUrl
+	}
+	for _, d := range []struct {
+		dst **pgxpool.Pool
+		key string
+	}{{&s.payDB, "PAYMENTS_DATABASE_URL"}, {&s.rewDB, "REWARDS_DATABASE_URL"}, {&s.notDB, "NOTIFICATIONS_DATABASE_URL"}} {
+		if *d.dst, err = readOnlyPool(ctx, s.env[d.key]); err != nil {
+			return 0, fmt.Errorf("%s: %w", d.key, err)
+		}
+		defer (*d.dst).Close()
+	}
+
+	// The project's own redrive command, built once.
+	tmp, err := os.MkdirTemp("", "e2e-bin-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(tmp)
+	s.redriveBin = filepath.Join(tmp, "redrive")
+	build := exec.CommandContext(ctx, "go", "build", "-o", s.redriveBin, "./cmd/redrive")
+	build.Dir = s.root
+	if out, err := build.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("go build ./cmd/redrive: %w\n%s", err, out)
+	}
+
+	t0 := time.Now()
+	code = m.Run()
+	fmt.Printf("e2e: scenarios took %v\n", time.Since(t0).Round(time.Millisecond))
+	return code, nil
+}
+
+// readOnlyPool opens url with every transaction read only: the suite
+// inspects the services' databases, it never writes to them.
+func readOnlyPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+func readyz(ctx context.Context, url string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
