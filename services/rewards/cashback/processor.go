@@ -105,6 +105,7 @@ func (p *Processor) Handle(ctx context.Context, e events.Envelope) error {
 		return err // permanent ones (conflict, expired, contradiction) are parked by the subscriber
 	}
 	if out == idempotent.Duplicate {
+		p.log.InfoContext(ctx, "duplicate copy acked: already applied", "event_id", e.EventID, "event_type", e.EventType)
 		return nil
 	}
 	p.results.Add(ctx, 1, metric.WithAttributes(attribute.String("event_type", e.EventType), attribute.String("result", string(res))))
