@@ -90,6 +90,14 @@ func setup(m *testing.M) (code int, err error) {
 		if s.env, err = stack.LoadEnv(s.root); err != nil {
 			return 0, err
 		}
+		// Short long polls and visibility timeouts for the consumers. A
+		// consumer stopped during a long poll leaves that ReceiveMessage
+		// pending on the server, which then hands the next message to the
+		// dead connection: the message reappears only after its visibility
+		// timeout (30 s by default; real SQS does the same). The suite
+		// restarts consumers all the time; this bounds the cost to seconds.
+		s.env["SUBSCRIBER_WAIT_TIME"] = "1s"
+		s.env["SUBSCRIBER_VISIBILITY"] = "5s"
 		t0 := time.Now()
 		s.local, err = stack.StartLocal(ctx, stack.Options{Root: s.root, Env: s.env,
 			LogDir: filepath.Join(s.root, ".stack", "logs", "e2e"), Ready: time.Minute})

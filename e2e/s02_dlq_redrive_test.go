@@ -11,17 +11,19 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/events"
 )
 
-// Scenario 2. A copy of an event is dead-lettered (its handler fails past
-// maxReceiveCount = 5), another copy of the same event is applied, and then
-// the project's redrive command moves the dead-lettered copy back: it has a
-// new SQS MessageId and the same event_id, so it inserts 0 dedupe rows and
-// is acked. One credit, one SMS, an empty DLQ.
+// Scenario 2. A copy of an event is dead-lettered (its handler fails on
+// every delivery until SQS gives up after maxReceiveCount = 5), the
+// handler is fixed and another copy of the same event is applied; then the
+// project's redrive command moves the dead-lettered copy back. It has a new
+// SQS MessageId and the same event_id, so it inserts 0 dedupe rows, is
+// logged as a duplicate and acked. One credit, one SMS, nothing left in
+// either queue.
 func TestDeadLetteredCopyRedrivenWithANewMessageIDIsADuplicateAndIsAcked(t *testing.T) {
 	l := local(t)
 	user, payID := id("u_e2e2"), id("pay_e2e2")
 	e := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
-	// The handler fails the first 5 attempts of this event, 1 s apart.
-	restartWith(t, "rewards", "REWARDS_FAIL_EVENT_IDS="+e.EventID.String()+"@5",
+	// The handler fails every attempt at this event, redeliveries 1 s apart.
+	restartWith(t, "rewards", "REWARDS_FAIL_EVENT_IDS="+e.EventID.String(),
 		"SUBSCRIBER_RETRY_BASE=1s", "SUBSCRIBER_RETRY_MAX=1s")
 
 	sentID := send(t, s.payQ, e)
@@ -34,20 +36,30 @@ func TestDeadLetteredCopyRedrivenWithANewMessageIDIsADuplicateAndIsAcked(t *test
 	if got := attr(dead[0], "event_id"); got != e.EventID.String() {
 		t.Errorf("dead-lettered copy has event_id attribute %q, want %s", got, e.EventID)
 	}
-	if n := metric(t, s.rewardsURL, "rewards_injected_failures_total"); n != 5 {
-		t.Errorf("%v injected failures, want 5 (maxReceiveCount)", n)
+	// SQS moved it after 5 receives. Each one that reached the handler
+	// failed (a receive can also go to a long poll orphaned by a restart,
+	// and never reach a handler; it counts towards the 5 all the same).
+	failures := metric(t, s.rewardsURL, "rewards_injected_failures_total")
+	if failures < 1 || failures > 5 {
+		t.Errorf("%v injected failures before the copy was dead-lettered, want 1..5", failures)
 	}
-	// Five failed attempts committed nothing, the dedupe key included.
+	t.Logf("dead-lettered after %v failed attempts", failures)
+	// The failed attempts committed nothing, the dedupe key included.
 	if n := processed(t, e.EventID); n != 0 {
-		t.Fatalf("%d dedupe rows for %s after 5 failed attempts, want 0", n, e.EventID)
+		t.Fatalf("%d dedupe rows for %s after the failed attempts, want 0", n, e.EventID)
 	}
 	if cs := credits(t, "payment_id = $1", payID); len(cs) != 0 {
-		t.Fatalf("%d credits after 5 failed attempts, want 0", len(cs))
+		t.Fatalf("%d credits after the failed attempts, want 0", len(cs))
 	}
 
-	// Another copy of the same event (a relay resend) is applied.
+	// The handler fixed (rewards without the hook), another copy of the
+	// same event (a relay resend) is applied.
+	restartPlain(t, "rewards")
 	resentID := send(t, s.payQ, e)
 	waitCredits(t, payID, 1)
+	eventually(t, 30*time.Second, func() (bool, string) {
+		return depth(t, s.payQ) == 0, fmt.Sprintf("payments-events holds %d messages", depth(t, s.payQ))
+	})
 
 	// Redrive with the consumer stopped, to see the redriven copy on the queue.
 	if err := l.Stop("rewards"); err != nil {
@@ -58,10 +70,11 @@ func TestDeadLetteredCopyRedrivenWithANewMessageIDIsADuplicateAndIsAcked(t *test
 	if moved != others+1 {
 		t.Errorf("redrive moved %d messages, want %d (ours and %d others in the DLQ)", moved, others+1, others)
 	}
-	back := peek(t, s.payQ, withEventID(e.EventID))
-	if len(back) != 1 {
-		t.Fatalf("%d copies of %s on payments-events after the redrive, want 1", len(back), e.EventID)
-	}
+	var back []types.Message
+	eventually(t, 30*time.Second, func() (bool, string) {
+		back = peek(t, s.payQ, withEventID(e.EventID))
+		return len(back) == 1, fmt.Sprintf("%d copies of %s on payments-events after the redrive, want 1", len(back), e.EventID)
+	})
 	newID := aws.ToString(back[0].MessageId)
 	for _, old := range []string{sentID, resentID, deadID} {
 		if newID == old {
@@ -71,15 +84,12 @@ func TestDeadLetteredCopyRedrivenWithANewMessageIDIsADuplicateAndIsAcked(t *test
 	if got := attr(back[0], "event_id"); got != e.EventID.String() {
 		t.Errorf("redriven copy has event_id attribute %q, want %s", got, e.EventID)
 	}
-	if r := attr(back[0], "park_reason"); r != "" {
-		t.Errorf("redriven copy still carries park_reason %q", r)
-	}
 	if n := len(peek(t, s.payDLQ, withEventID(e.EventID))); n != 0 {
 		t.Errorf("%d copies of %s left in the DLQ, want 0", n, e.EventID)
 	}
 
-	// The consumer back (without the failing hook): the copy is a
-	// duplicate, acked, and nothing changes.
+	// The consumer back: the copy is a duplicate (0 rows), acked, and
+	// nothing changes.
 	if err := l.Start("rewards"); err != nil {
 		t.Fatal(err)
 	}
@@ -95,9 +105,7 @@ func TestDeadLetteredCopyRedrivenWithANewMessageIDIsADuplicateAndIsAcked(t *test
 			t.Errorf("%v messages applied after the redrive, want 0", a)
 		}
 	}
-	if n := metric(t, s.rewardsURL, "sqs_messages_deleted_total", "queue", "payments-events"); n < 1 {
-		t.Errorf("rewards deleted %v messages after the redrive, want the redriven copy acked", n)
-	}
+	waitLog(t, "rewards", 1, "duplicate copy acked: already applied", e.EventID.String())
 	if n := processed(t, e.EventID); n != 1 {
 		t.Errorf("%d dedupe rows for %s, want 1", n, e.EventID)
 	}

@@ -71,7 +71,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "bench.json", "where to write the JSON results")
 	flag.BoolVar(&o.skipPipeline, "skip-pipeline", false, "skip the pipeline (and soak) measurements, which start the services")
 	flag.IntVar(&o.relayRows, "relay-rows", 10000, "outbox rows (and SQS messages) per relay / SQS throughput measurement")
-	flag.IntVar(&o.rounds, "rounds", 3, "PostgreSQL measurements are interleaved in this many rounds of -duration/rounds each")
+	flag.IntVar(&o.rounds, "rounds", 6, "PostgreSQL measurements are interleaved in this many rounds of -duration/rounds each; each figure is the median of its rounds")
 	flag.IntVar(&o.basePort, "base-port", 0, "run the pipeline's services on ports base (payments), base+1 (rewards), base+2 (notifications), base+9 (SMS provider) instead of the stack's 8081-8083, 8090")
 	only := flag.String("only", "", "run only these parts, comma-separated: postgres, sqs, pipeline (default: all)")
 	flag.StringVar(&o.root, "root", "", "repository root (default: found from the working directory)")

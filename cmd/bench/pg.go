@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -235,6 +236,17 @@ func (c credit) apply(ctx context.Context, tx pgx.Tx) error {
 	return err
 }
 
+// applyPipelined is apply with both statements sent in one round trip
+// (a pgx.Batch): the same SQL, the way an effect that does not need one
+// statement's result for the next can be written.
+func (c credit) applyPipelined(ctx context.Context, tx pgx.Tx) error {
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO bench_credits (payment_id, user_id, amount_paise, event_id) VALUES ($1, $2, $3, $4)`,
+		c.payment, c.user, c.amount, c.env.EventID)
+	b.Queue(`UPDATE bench_wallets SET balance_paise = balance_paise + $2, updated_at = now() WHERE user_id = $1`, c.user, c.amount)
+	return tx.SendBatch(ctx, b).Close()
+}
+
 // setupRewardsDB makes a fresh database with the library's schema
 // (processed_messages with its partitions, inbox) and the bench tables.
 func setupRewardsDB(ctx context.Context, pg *pgEnv, name string, conns int) (*pgxpool.Pool, func(), error) {
@@ -262,13 +274,15 @@ type bcase struct {
 
 	count   int64
 	elapsed time.Duration
+	rates   []float64 // per round
 	cpu     cpuUse
 }
 
 // interleave runs the cases' measurements in rounds (A B C A B C ...), each
 // segment d/rounds long, so that a burst of load from elsewhere on the
 // machine hits every case alike rather than whichever ran at the time; each
-// case's rate is its total count over its total measured time.
+// case's rate is the median of its rounds' rates, which a burst that hit one
+// segment does not move.
 func interleave(ctx context.Context, d time.Duration, rounds, workers int, cases []*bcase) error {
 	seg := d / time.Duration(rounds)
 	for range rounds {
@@ -279,6 +293,7 @@ func interleave(ctx context.Context, d time.Duration, rounds, workers int, cases
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
 			c.cpu = c.cpu.add(s0.until(cpu.sample()), c.elapsed, el)
+			c.rates = append(c.rates, float64(n)/el.Seconds())
 			c.count += n
 			c.elapsed += el
 		}
@@ -287,9 +302,11 @@ func interleave(ctx context.Context, d time.Duration, rounds, workers int, cases
 }
 
 func (c *bcase) row(rep *report, sec string, workers int) {
-	row := &Row{Key: c.key, Section: sec, Name: c.name, Value: float64(c.count) / c.elapsed.Seconds(), Unit: c.unit,
+	rates := slices.Clone(c.rates)
+	slices.Sort(rates)
+	row := &Row{Key: c.key, Section: sec, Name: c.name, Value: median(rates), Unit: c.unit,
 		Target: c.target, Details: map[string]any{"count": c.count, "measured_s": c.elapsed.Seconds(), "connections": workers,
-			"cpu_cores": c.cpu.rounded()}}
+			"mean_rate": float64(c.count) / c.elapsed.Seconds(), "round_rates": c.rates, "cpu_cores": c.cpu.rounded()}}
 	if c.base != "" {
 		row.Baseline = rep.ref(c.base)
 	}
@@ -352,6 +369,14 @@ func benchPostgresConns(ctx context.Context, pg *pgEnv, o options, conns int, se
 		return err
 	}
 	batchDB, err := db("batch")
+	if err != nil {
+		return err
+	}
+	pipeDB, err := db("pipe")
+	if err != nil {
+		return err
+	}
+	pcons, err := idempotent.NewConsumer(pipeDB, consumerName, idempotent.WithLogger(quiet))
 	if err != nil {
 		return err
 	}
@@ -466,6 +491,47 @@ func benchPostgresConns(ctx context.Context, pg *pgEnv, o options, conns int, se
 				return len(items), nil
 			}},
 	}
+	// The same two, with the effect's statements pipelined: what HandleBatch
+	// saves is the per-message BEGIN, dedupe INSERT and COMMIT; the effect's
+	// own round trips remain, so this shows how much of the batch's cost
+	// they are.
+	cases = append(cases,
+		&bcase{key: "handle_new_pipe_c" + c, name: fmt.Sprintf("Handle, effect pipelined (1 round trip), %d conn", conns), unit: "msgs/s",
+			base: "handle_new_c" + c,
+			op: func(ctx context.Context, _ int) (int, error) {
+				cr, err := newCredit()
+				if err != nil {
+					return 0, err
+				}
+				out, err := pcons.Handle(ctx, cr.msg, cr.applyPipelined)
+				if err == nil && out != idempotent.Applied {
+					err = fmt.Errorf("fresh message %s: %s", cr.msg.ID, out)
+				}
+				return 1, err
+			}},
+		&bcase{key: "batch10_pipe_c" + c, name: fmt.Sprintf("HandleBatch (10 per tx), effect pipelined, %d conn", conns), unit: "msgs/s",
+			base: "handle_new_pipe_c" + c,
+			op: func(ctx context.Context, _ int) (int, error) {
+				items := make([]idempotent.Item, 10)
+				for i := range items {
+					cr, err := newCredit()
+					if err != nil {
+						return 0, err
+					}
+					items[i] = idempotent.Item{Msg: cr.msg, Effect: cr.applyPipelined}
+				}
+				outs, errs := pcons.HandleBatch(ctx, items)
+				for i := range outs {
+					if errs[i] != nil {
+						return 0, errs[i]
+					}
+					if outs[i] != idempotent.Applied {
+						return 0, fmt.Errorf("batch item %d: %s", i, outs[i])
+					}
+				}
+				return len(items), nil
+			}},
+	)
 	if err := interleave(ctx, o.duration, o.rounds, conns, cases); err != nil {
 		return err
 	}

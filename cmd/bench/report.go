@@ -369,6 +369,19 @@ func percentile(sorted []float64, p float64) float64 {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
+// median of sorted values.
+func median(sorted []float64) float64 {
+	n := len(sorted)
+	switch {
+	case n == 0:
+		return math.NaN()
+	case n%2 == 1:
+		return sorted[n/2]
+	default:
+		return (sorted[n/2-1] + sorted[n/2]) / 2
+	}
+}
+
 func sortedMillis(ds []time.Duration) []float64 {
 	out := make([]float64, len(ds))
 	for i, d := range ds {

@@ -117,8 +117,7 @@ func (c *Consumer) Name() string { return c.name }
 // expired reports whether msg is older than the window, judged both by its
 // occurred_at and by the time in its UUIDv7 id (which picks its partition).
 func (c *Consumer) expired(msg Message) bool {
-	horizon := c.now().Add(-c.retention)
-	return msg.OccurredAt.Before(horizon) || (msg.ID.Version() == 7 && events.IDTime(msg.ID).Before(horizon))
+	return beyondWindow(msg.ID, msg.OccurredAt, c.now(), c.retention)
 }
 
 // Handle applies effect for msg at most once per consumer, as the package

@@ -67,19 +67,44 @@ func ensurePartitionsAt(ctx context.Context, pool *pgxpool.Pool, now time.Time, 
 	var created []string
 	for d := first; !d.After(last); d = d.Add(day) {
 		name := partitionName(d)
-		// CREATE TABLE IF NOT EXISTS ... PARTITION OF still errors when
-		// replicas race on the same name, so swallow exactly that.
-		sql := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF processed_messages FOR VALUES FROM ('%s') TO ('%s')`,
-			pgx.Identifier{name}.Sanitize(), uuidAt(d), uuidAt(d.Add(day)))
-		if _, err := pool.Exec(ctx, sql); err != nil {
+		var exists bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil {
+			return created, err
+		}
+		if exists {
+			continue
+		}
+		if err := createPartition(ctx, pool, name, d); err != nil {
 			if isDuplicateObject(err) {
-				continue
+				continue // a replica created it first
 			}
 			return created, fmt.Errorf("idempotent: create partition %s: %w", name, err)
 		}
 		created = append(created, name)
 	}
 	return created, nil
+}
+
+// createPartition attaches one day. The DDL needs a brief ACCESS EXCLUSIVE
+// lock on processed_messages; a lock_timeout keeps it from queueing behind a
+// long effect transaction and stalling every consumer behind itself (it
+// fails instead, and the next maintenance round tries again).
+func createPartition(ctx context.Context, pool *pgxpool.Pool, name string, d time.Time) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	// 5 s unless the session already has its own (the Maintainer's).
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '5s', true) WHERE current_setting('lock_timeout') = '0'`); err != nil {
+		return err
+	}
+	sql := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF processed_messages FOR VALUES FROM ('%s') TO ('%s')`,
+		pgx.Identifier{name}.Sanitize(), uuidAt(d), uuidAt(d.Add(day)))
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // DropExpiredPartitions drops every daily partition of processed_messages

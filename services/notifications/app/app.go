@@ -63,6 +63,9 @@ type Config struct {
 	Processor  idempotent.ProcessorConfig    `env:"-"`
 	SenderPoll time.Duration                 `env:"-"`
 	Provider   sms.Provider                  `env:"-"` // nil: the HTTP client of SMS_PROVIDER_URL
+
+	// SUBSCRIBER_* (see service.SubscriberEnv) fill what Subscriber leaves zero.
+	SubscriberEnv service.SubscriberEnv `envPrefix:"SUBSCRIBER_"`
 }
 
 // Policies turns the SENDING_POLICY_* settings into the sender's map.
@@ -157,6 +160,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		return nil, err
 	}
 	sc := cfg.Subscriber
+	cfg.SubscriberEnv.Apply(&sc)
 	sc.QueueURL, sc.Concurrency, sc.Logger = queueURL, cfg.Concurrency, log
 	sub, err := sqstransport.NewSubscriber(client, sc, receiver(inbox))
 	if err != nil {
