@@ -17,7 +17,7 @@ func TestSecondReplicaGetsTheMessageWhileTheFirstStillHoldsItAndOnlyOneCredits(t
 	l := local(t)
 	user, payID := id("u_e2e3"), id("pay_e2e3")
 	e := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
-	knobs := []string{"REWARDS_SLOW_EVENT_IDS=" + e.EventID.String() + "@12s",
+	knobs := []string{"REWARDS_SLOW_EVENT_IDS=" + e.EventID.String() + "@10s",
 		"SUBSCRIBER_VISIBILITY=2s", "SUBSCRIBER_MAX_EXTENSION=1s",
 		"CONSUMER_CONCURRENCY=1"} // a busy replica cannot take the copy back itself
 	restartWith(t, "rewards", knobs...)
