@@ -19,6 +19,8 @@
 //   - while a handler runs, the message's visibility is extended, so a slow
 //     handler is not raced by a second copy (unless it hangs past
 //     MaxExtension: then a second copy runs, and the dedupe key decides);
-//   - on shutdown, receiving stops, in-flight handlers finish (up to a grace
+//   - on shutdown, the current long poll is allowed to finish (at most
+//     WaitTime: an abandoned poll would hide its messages for a visibility
+//     timeout), no new one starts, in-flight handlers finish (up to a grace
 //     period) and their messages are deleted; nothing uncommitted is deleted.
 package sqstransport

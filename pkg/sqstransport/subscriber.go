@@ -185,7 +185,12 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			}
 			break
 		}
-		msgs, err := s.receive(ctx, n)
+		// The long poll is not cancelled on shutdown: SQS keeps serving an
+		// abandoned poll, and whatever it hands out then stays invisible for
+		// a whole visibility timeout (and counts towards maxReceiveCount).
+		// So shutdown waits for the current poll (at most WaitTime) and
+		// processes what it brings.
+		msgs, err := s.receive(context.WithoutCancel(ctx), n)
 		for range n - len(msgs) {
 			<-slots
 		}
