@@ -26,6 +26,13 @@
 // own queues (bench-<run>-<x>, deleted afterwards); the pipeline's services
 // get fresh databases and queues too. The bench never touches service data.
 //
+// The machine is usually small and shared (2 cores here), so throughput
+// figures are taken in interleaved rounds (bare, library, bare, library,
+// ...; -rounds, -sqs-rounds) and each is the median of its rounds, so that
+// a burst of load from elsewhere hits both sides alike; the JSON keeps
+// every round's rate and, per measurement, the cores each process group
+// used (PostgreSQL, the SQS server, the bench, the services, "other").
+//
 // It exits 0 when targets are missed (it is a measurement) and non-zero only
 // when something failed.
 package main
@@ -56,6 +63,7 @@ type options struct {
 	skipPipeline bool
 	relayRows    int
 	rounds       int
+	sqsRounds    int
 	only         map[string]bool
 	basePort     int
 	root         string
@@ -70,7 +78,8 @@ func main() {
 	flag.DurationVar(&o.soak, "soak", 0, "run the pipeline at full load this long, sampling each service's RSS every 5s (0: skip)")
 	flag.StringVar(&o.out, "out", "bench.json", "where to write the JSON results")
 	flag.BoolVar(&o.skipPipeline, "skip-pipeline", false, "skip the pipeline (and soak) measurements, which start the services")
-	flag.IntVar(&o.relayRows, "relay-rows", 10000, "outbox rows (and SQS messages) per relay / SQS throughput measurement")
+	flag.IntVar(&o.relayRows, "relay-rows", 15000, "outbox rows (and SQS messages) per relay / SQS throughput measurement, split over -sqs-rounds")
+	flag.IntVar(&o.sqsRounds, "sqs-rounds", 3, "SQS throughput measurements are interleaved in this many rounds; each figure is the median of its rounds")
 	flag.IntVar(&o.rounds, "rounds", 6, "PostgreSQL measurements are interleaved in this many rounds of -duration/rounds each; each figure is the median of its rounds")
 	flag.IntVar(&o.basePort, "base-port", 0, "run the pipeline's services on ports base (payments), base+1 (rewards), base+2 (notifications), base+9 (SMS provider) instead of the stack's 8081-8083, 8090")
 	only := flag.String("only", "", "run only these parts, comma-separated: postgres, sqs, pipeline (default: all)")

@@ -85,7 +85,7 @@ type report struct {
 func jsonOptions(o options) map[string]any {
 	return map[string]any{
 		"duration": o.duration.String(), "conns": o.conns, "payments": o.payments,
-		"soak": o.soak.String(), "skip_pipeline": o.skipPipeline, "relay_rows": o.relayRows, "rounds": o.rounds, "base_port": o.basePort,
+		"soak": o.soak.String(), "skip_pipeline": o.skipPipeline, "relay_rows": o.relayRows, "rounds": o.rounds, "sqs_rounds": o.sqsRounds, "base_port": o.basePort,
 	}
 }
 

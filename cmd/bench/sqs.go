@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -154,12 +156,17 @@ func bareSend(ctx context.Context, c *sqs.Client, q string, msgs []outbox.Messag
 }
 
 // bareReceiveDelete drains total messages from q with loops concurrent
-// ReceiveMessage(10) + DeleteMessageBatch loops.
+// ReceiveMessage(10) + DeleteMessageBatch loops and returns the time until
+// the last delete returned. The receives are short polls (the queue is full
+// until the end), so no long poll is left waiting on the server afterwards,
+// where it would swallow messages sent later.
 func bareReceiveDelete(ctx context.Context, c *sqs.Client, q string, total, loops int) (time.Duration, error) {
 	var got atomic.Int64
 	var wg sync.WaitGroup
 	var errOnce sync.Once
 	var first error
+	var mu sync.Mutex
+	var last time.Time
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	start := time.Now()
@@ -167,7 +174,7 @@ func bareReceiveDelete(ctx context.Context, c *sqs.Client, q string, total, loop
 		wg.Go(func() {
 			for got.Load() < int64(total) && ctx.Err() == nil {
 				out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(q),
-					MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"},
+					MaxNumberOfMessages: 10, WaitTimeSeconds: 0, MessageAttributeNames: []string{"All"},
 					MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount}})
 				if err == nil && len(out.Messages) > 0 {
 					del := make([]types.DeleteMessageBatchRequestEntry, len(out.Messages))
@@ -175,7 +182,15 @@ func bareReceiveDelete(ctx context.Context, c *sqs.Client, q string, total, loop
 						del[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle}
 					}
 					_, err = c.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(q), Entries: del})
-					got.Add(int64(len(out.Messages)))
+					if err == nil {
+						now := time.Now()
+						got.Add(int64(len(out.Messages)))
+						mu.Lock()
+						if now.After(last) {
+							last = now
+						}
+						mu.Unlock()
+					}
 				}
 				if err != nil && ctx.Err() == nil {
 					errOnce.Do(func() { first = err; cancel() })
@@ -188,7 +203,7 @@ func bareReceiveDelete(ctx context.Context, c *sqs.Client, q string, total, loop
 	if first == nil && got.Load() < int64(total) {
 		first = fmt.Errorf("received %d of %d messages: %w", got.Load(), total, ctx.Err())
 	}
-	return time.Since(start), first
+	return last.Sub(start), first
 }
 
 // countingClient returns a copy of c that counts its calls per operation.
@@ -248,91 +263,196 @@ func count(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (in
 	return n, err
 }
 
+// series collects one SQS measurement's rounds.
+type series struct {
+	key, name, unit, base string
+	target                *Target
+	rates                 []float64
+	n                     int
+	elapsed               time.Duration
+	cpu                   cpuUse
+	details               map[string]any
+}
+
+func (s *series) add(n int, el time.Duration, use cpuUse) {
+	s.cpu = s.cpu.add(use, s.elapsed, el)
+	s.rates = append(s.rates, float64(n)/el.Seconds())
+	s.n += n
+	s.elapsed += el
+}
+
+func (s *series) row(rep *report, sec string) {
+	rates := slices.Clone(s.rates)
+	slices.Sort(rates)
+	d := map[string]any{"messages": s.n, "measured_s": s.elapsed.Seconds(), "round_rates": s.rates,
+		"mean_rate": float64(s.n) / s.elapsed.Seconds(), "cpu_cores": s.cpu.rounded()}
+	for k, v := range s.details {
+		d[k] = v
+	}
+	row := &Row{Key: s.key, Section: sec, Name: s.name, Value: median(rates), Unit: s.unit, Target: s.target, Details: d}
+	if s.base != "" {
+		row.Baseline = rep.ref(s.base)
+	}
+	rep.add(row)
+}
+
+// relayCase is one relay configuration, with its own database and queue.
+type relayCase struct {
+	series
+	replicas, workers, calls int
+	pool                     *pgxpool.Pool
+	queue                    string
+	publishShare             []float64 // per round
+}
+
 func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report) error {
 	const sec = "SQS: baselines, the relay and the inbox receiver"
-	m := o.relayRows
+	rounds := max(1, o.sqsRounds)
+	per := max(100, o.relayRows/rounds)
 	c := sq.client
-	progress("sqs, %d messages per throughput measurement", m)
+	progress("sqs: %d messages per measurement in %d interleaved rounds of %d", per*rounds, rounds, per)
+	var cleanups []func()
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}()
 
-	// Bare SendMessageBatch with as many calls in flight as one relay
-	// replica can have (2 workers x 4), and with one PublishBatch's worth
-	// (4); then drain that queue with bare receive + delete loops.
-	if err := func() error {
-		q, del, err := sq.queue(ctx, "send", 30*time.Second)
+	// Bare SendMessageBatch, with as many calls in flight as one relay
+	// replica can have (2 workers x 4) and with one PublishBatch's worth
+	// (4), interleaved with the relay's configurations: m pre-inserted
+	// outbox rows until all are marked published.
+	sendQ, del, err := sq.queue(ctx, "send", 30*time.Second)
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, del)
+	bare8 := &series{key: "bare_send", name: fmt.Sprintf("bare SendMessageBatch (10/call, %d in flight)", relayInFlight), unit: "msgs/s"}
+	bare4 := &series{key: "bare_send_f4", name: fmt.Sprintf("bare SendMessageBatch (10/call, %d in flight)", publisherCalls), unit: "msgs/s"}
+	relays := []*relayCase{
+		{series: series{key: "relay_r1", name: fmt.Sprintf("outbox relay, 1 replica, defaults (%d workers x %d calls)", relayWorkers, publisherCalls),
+			unit: "rows/s", base: "bare_send", target: minRatio(0.8)}, replicas: 1, workers: relayWorkers, calls: publisherCalls},
+		{series: series{key: "relay_r2", name: fmt.Sprintf("outbox relay, 2 replicas, defaults (%d workers x %d calls each)", relayWorkers, publisherCalls),
+			unit: "rows/s", base: "bare_send"}, replicas: 2, workers: relayWorkers, calls: publisherCalls},
+		{series: series{key: "relay_r1_w4x2", name: "outbox relay, 1 replica, tuned: 4 workers x 2 calls (still 8 in flight)",
+			unit: "rows/s", base: "bare_send"}, replicas: 1, workers: 4, calls: 2},
+	}
+	for _, rc := range relays {
+		pool, drop, err := pg.freshDB(ctx, rc.key, 4)
 		if err != nil {
 			return err
 		}
-		defer del()
-		for _, inFlight := range []int{relayInFlight, publisherCalls} {
-			msgs, err := relayMessages(m)
+		cleanups = append(cleanups, drop)
+		if err := outbox.Migrate(ctx, pool); err != nil {
+			return err
+		}
+		q, del, err := sq.queue(ctx, strings.ReplaceAll(rc.key, "_", "-"), 30*time.Second)
+		if err != nil {
+			return err
+		}
+		cleanups = append(cleanups, del)
+		rc.pool, rc.queue = pool, q
+	}
+	for range rounds {
+		for _, b := range []struct {
+			s        *series
+			inFlight int
+		}{{bare8, relayInFlight}, {bare4, publisherCalls}} {
+			msgs, err := relayMessages(per)
 			if err != nil {
 				return err
 			}
 			var el time.Duration
-			use, err := cpuOf(func() (err error) { el, err = bareSend(ctx, c, q, msgs, inFlight); return err })
+			use, err := cpuOf(func() (err error) { el, err = bareSend(ctx, c, sendQ, msgs, b.inFlight); return err })
 			if err != nil {
 				return fmt.Errorf("bare send: %w", err)
 			}
-			key := "bare_send"
-			if inFlight != relayInFlight {
-				key = fmt.Sprintf("bare_send_f%d", inFlight)
+			b.s.add(per, el, use)
+		}
+		for _, rc := range relays {
+			el, use, err := relayRound(ctx, sq, rc, per)
+			if err != nil {
+				return fmt.Errorf("%s: %w", rc.name, err)
 			}
-			rep.add(&Row{Key: key, Section: sec, Name: fmt.Sprintf("bare SendMessageBatch (10/call, %d in flight)", inFlight),
-				Value: float64(m) / el.Seconds(), Unit: "msgs/s", Details: map[string]any{"messages": m, "elapsed_s": el.Seconds(), "cpu_cores": use.rounded()}})
+			rc.add(per, el, use)
 		}
-		var el time.Duration
-		use, err := cpuOf(func() (err error) { el, err = bareReceiveDelete(ctx, c, q, 2*m, 4); return err })
+	}
+	bare8.row(rep, sec)
+	bare4.row(rep, sec)
+	for _, rc := range relays {
+		d, err := depth(ctx, c, rc.queue)
 		if err != nil {
-			return fmt.Errorf("bare receive+delete: %w", err)
+			return err
 		}
-		rep.add(&Row{Key: "bare_recv4", Section: sec, Name: "bare Receive(10)+DeleteBatch, 4 loops",
-			Value: float64(2*m) / el.Seconds(), Unit: "msgs/s", Details: map[string]any{"messages": 2 * m, "elapsed_s": el.Seconds(), "cpu_cores": use.rounded()}})
-		return nil
-	}(); err != nil {
+		rc.details = map[string]any{"replicas": rc.replicas, "workers": rc.workers, "calls_per_publish": rc.calls,
+			"queue_depth_after": d, "duplicates_sent": d - rc.n, "publish_share_per_round": rc.publishShare}
+		rc.row(rep, sec)
+	}
+	if r1, r2 := rep.ref("relay_r1"), rep.ref("relay_r2"); r1 != nil && r2 != nil {
+		rep.add(&Row{Key: "relay_r2_vs_r1", Section: sec, Name: "outbox relay, 2 replicas vs 1", Value: r2.Value, Unit: "rows/s",
+			Baseline: r1, Target: minRatio(1)})
+	}
+	var el time.Duration
+	use, err := cpuOf(func() (err error) { el, err = bareReceiveDelete(ctx, c, sendQ, 2*per*rounds, 4); return err })
+	if err != nil {
+		return fmt.Errorf("bare receive+delete: %w", err)
+	}
+	rep.add(&Row{Key: "bare_recv4", Section: sec, Name: "bare Receive(10)+DeleteBatch, 4 loops",
+		Value: float64(2*per*rounds) / el.Seconds(), Unit: "msgs/s",
+		Details: map[string]any{"messages": 2 * per * rounds, "elapsed_s": el.Seconds(), "cpu_cores": use.rounded()}})
+
+	// One receive loop, which is what a Subscriber runs, interleaved with
+	// the Subscriber feeding an Inbox (inboxsqs) over as many messages.
+	recvQ, del, err := sq.queue(ctx, "recv1", 30*time.Second)
+	if err != nil {
 		return err
 	}
-
-	// One receive loop, which is what a Subscriber runs; then the Subscriber
-	// feeding an Inbox (inboxsqs) over the same number of messages.
-	if err := func() error {
-		q, del, err := sq.queue(ctx, "recv1", 30*time.Second)
+	cleanups = append(cleanups, del)
+	pool, drop, err := pg.freshDB(ctx, "inboxsqs", 12)
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, drop)
+	if err := idempotent.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	in, err := idempotent.NewInbox(pool, consumerName, idempotent.InboxConfig{Logger: quiet, MeterProvider: noop.NewMeterProvider()})
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	recv1 := &series{key: "bare_recv1", name: "bare Receive(10)+DeleteBatch, 1 loop", unit: "msgs/s"}
+	inbox := &series{key: "inboxsqs", name: "Subscriber(8)+inboxsqs: received, stored, deleted", unit: "acks/s", base: "bare_recv1"}
+	cc, calls := countingClient(c)
+	for r := range rounds {
+		msgs, err := relayMessages(per)
 		if err != nil {
 			return err
 		}
-		defer del()
-		msgs, err := relayMessages(m)
-		if err != nil {
+		if _, err := bareSend(ctx, c, recvQ, msgs, relayInFlight); err != nil {
 			return err
 		}
-		if _, err := bareSend(ctx, c, q, msgs, relayInFlight); err != nil {
-			return err
-		}
-		var el time.Duration
-		use, err := cpuOf(func() (err error) { el, err = bareReceiveDelete(ctx, c, q, m, 1); return err })
+		use, err := cpuOf(func() (err error) { el, err = bareReceiveDelete(ctx, c, recvQ, per, 1); return err })
 		if err != nil {
 			return fmt.Errorf("bare receive+delete: %w", err)
 		}
-		rep.add(&Row{Key: "bare_recv1", Section: sec, Name: "bare Receive(10)+DeleteBatch, 1 loop",
-			Value: float64(m) / el.Seconds(), Unit: "msgs/s", Details: map[string]any{"messages": m, "elapsed_s": el.Seconds(), "cpu_cores": use.rounded()}})
+		recv1.add(per, el, use)
 
-		if _, err := bareSend(ctx, c, q, msgs, relayInFlight); err != nil {
-			return err
-		}
-		pool, drop, err := pg.freshDB(ctx, "inboxsqs", 12)
+		// A queue per round: a stopped Subscriber's last long poll may
+		// still be waiting on the server and would take the next round's
+		// first messages out of sight for a visibility timeout.
+		inQ, del, err := sq.queue(ctx, fmt.Sprintf("inboxsqs-%d", r), 30*time.Second)
 		if err != nil {
 			return err
 		}
-		defer drop()
-		if err := idempotent.Migrate(ctx, pool); err != nil {
+		cleanups = append(cleanups, del)
+		if msgs, err = relayMessages(per); err != nil {
 			return err
 		}
-		in, err := idempotent.NewInbox(pool, consumerName, idempotent.InboxConfig{Logger: quiet, MeterProvider: noop.NewMeterProvider()})
-		if err != nil {
+		if _, err := bareSend(ctx, c, inQ, msgs, relayInFlight); err != nil {
 			return err
 		}
-		defer in.Close()
-		cc, calls := countingClient(c)
-		sub, err := sqstransport.NewSubscriber(cc, sqstransport.SubscriberConfig{QueueURL: q, WaitTime: time.Second, Logger: quiet},
+		sub, err := sqstransport.NewSubscriber(cc, sqstransport.SubscriberConfig{QueueURL: inQ, WaitTime: time.Second, Logger: quiet},
 			inboxsqs.Handler(in, idempotent.ByAggregate))
 		if err != nil {
 			return err
@@ -342,13 +462,14 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 		s0 := cpu.sample()
 		start := time.Now()
 		go func() { done <- sub.Run(sctx) }()
-		err = waitUntil(ctx, 5*time.Minute, 20*time.Millisecond, "inbox stores every message", func() (bool, error) {
+		want := int64(per * (r + 1))
+		err = waitUntil(ctx, 5*time.Minute, 10*time.Millisecond, "inbox stores every message", func() (bool, error) {
 			n, err := count(ctx, pool, `SELECT count(*) FROM inbox`)
-			return n >= int64(m), err
+			return n >= want, err
 		})
 		if err == nil {
-			err = waitUntil(ctx, time.Minute, 20*time.Millisecond, "queue drained", func() (bool, error) {
-				d, err := depth(ctx, c, q)
+			err = waitUntil(ctx, time.Minute, 10*time.Millisecond, "queue drained", func() (bool, error) {
+				d, err := depth(ctx, c, inQ)
 				return d == 0, err
 			})
 		}
@@ -361,106 +482,79 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 		if err != nil {
 			return fmt.Errorf("subscriber+inbox: %w", err)
 		}
-		rep.add(&Row{Key: "inboxsqs", Section: sec, Name: "Subscriber+inboxsqs: received, stored, deleted",
-			Value: float64(m) / el.Seconds(), Unit: "acks/s", Baseline: rep.ref("bare_recv1"),
-			Details: map[string]any{"messages": m, "elapsed_s": el.Seconds(), "subscriber_concurrency": 8, "cpu_cores": use.rounded(),
-				"msgs_per_receive": float64(m) / float64(max(calls("ReceiveMessage"), 1)),
-				"msgs_per_delete":  float64(m) / float64(max(calls("DeleteMessageBatch"), 1))}})
-		return nil
-	}(); err != nil {
-		return err
+		inbox.add(per, el, use)
 	}
-
-	// The relay: m pre-inserted outbox rows until all are published, with
-	// one replica and with two.
-	for _, rc := range []struct{ replicas, workers, calls int }{
-		{1, relayWorkers, publisherCalls}, {2, relayWorkers, publisherCalls}, {1, 4, 2},
-	} {
-		if err := benchRelay(ctx, pg, sq, m, rc.replicas, rc.workers, rc.calls, sec, rep); err != nil {
-			return fmt.Errorf("relay, %d replicas: %w", rc.replicas, err)
-		}
-	}
-	if r1, r2 := rep.ref("relay_r1"), rep.ref("relay_r2"); r1 != nil && r2 != nil {
-		rep.add(&Row{Key: "relay_r2_vs_r1", Section: sec, Name: "relay, 2 replicas vs 1", Value: r2.Value, Unit: "rows/s",
-			Baseline: r1, Target: minRatio(1)})
-	}
+	recv1.row(rep, sec)
+	inbox.details = map[string]any{"subscriber_concurrency": 8,
+		"msgs_per_receive": float64(inbox.n) / float64(max(calls("ReceiveMessage"), 1)),
+		"msgs_per_delete":  float64(inbox.n) / float64(max(calls("DeleteMessageBatch"), 1))}
+	inbox.row(rep, sec)
 
 	// Latency from commit to the queue.
 	return benchLatency(ctx, pg, sq, o, rep)
 }
 
-func benchRelay(ctx context.Context, pg *pgEnv, sq *sqsEnv, m, replicas, workers, calls int, sec string, rep *report) error {
-	name := fmt.Sprintf("relay_r%d", replicas)
-	tuned := workers != relayWorkers || calls != publisherCalls
-	if tuned {
-		name = fmt.Sprintf("relay_r%d_w%dx%d", replicas, workers, calls)
+// relayRound COPYs per rows into rc's outbox and times its relays from
+// start until every row is marked published.
+func relayRound(ctx context.Context, sq *sqsEnv, rc *relayCase, per int) (time.Duration, cpuUse, error) {
+	if err := copyOutbox(ctx, rc.pool, per); err != nil {
+		return 0, nil, err
 	}
-	pool, drop, err := pg.freshDB(ctx, name, 4)
-	if err != nil {
-		return err
-	}
-	defer drop()
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	q, del, err := sq.queue(ctx, name, 30*time.Second)
-	if err != nil {
-		return err
-	}
-	defer del()
-	if err := copyOutbox(ctx, pool, m); err != nil {
-		return err
-	}
-	pools := make([]*pgxpool.Pool, replicas)
+	pools := make([]*pgxpool.Pool, rc.replicas)
 	for i := range pools {
-		cfg := pool.Config().Copy()
-		cfg.MaxConns = int32(workers + 2)
-		if pools[i], err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-			return err
+		cfg := rc.pool.Config().Copy()
+		cfg.MaxConns = int32(rc.workers + 2)
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return 0, nil, err
 		}
-		defer pools[i].Close()
+		defer p.Close()
+		if err := p.Ping(ctx); err != nil {
+			return 0, nil, err
+		}
+		pools[i] = p
+	}
+	relays := make([]*outbox.Relay, rc.replicas)
+	pub := &busyPublisher{next: sqstransport.NewPublisher(sq.client, rc.queue, rc.calls)}
+	for i := range relays {
+		r, err := outbox.NewRelay(pools[i], pub,
+			outbox.RelayConfig{Workers: rc.workers, Logger: quiet})
+		if err != nil {
+			return 0, nil, err
+		}
+		relays[i] = r
 	}
 	rctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	s0 := cpu.sample()
 	start := time.Now()
-	for i := range replicas {
-		r, err := outbox.NewRelay(pools[i], sqstransport.NewPublisher(sq.client, q, calls),
-			outbox.RelayConfig{Workers: workers, Logger: quiet})
-		if err != nil {
-			stop()
-			return err
-		}
+	for _, r := range relays {
 		wg.Go(func() { _ = r.Run(rctx) })
 	}
-	err = waitUntil(ctx, 5*time.Minute, 10*time.Millisecond, "every outbox row published", func() (bool, error) {
-		n, err := count(ctx, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`)
+	err := waitUntil(ctx, 5*time.Minute, 5*time.Millisecond, "every outbox row published", func() (bool, error) {
+		n, err := count(ctx, rc.pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`)
 		return n == 0, err
 	})
 	el := time.Since(start)
 	use := s0.until(cpu.sample())
 	stop()
 	wg.Wait()
-	if err != nil {
-		return err
-	}
-	d, err := depth(ctx, sq.client, q)
-	if err != nil {
-		return err
-	}
-	label := fmt.Sprintf("outbox relay, %d replica(s), defaults (%d workers x %d calls)", replicas, workers, calls)
-	if tuned {
-		label = fmt.Sprintf("outbox relay, %d replica, tuned: %d workers x %d calls", replicas, workers, calls)
-	}
-	row := &Row{Key: name, Section: sec, Name: label,
-		Value: float64(m) / el.Seconds(), Unit: "rows/s", Baseline: rep.ref("bare_send"),
-		Details: map[string]any{"rows": m, "elapsed_s": el.Seconds(), "queue_depth_after": d, "workers": workers, "calls_per_publish": calls,
-			"cpu_cores": use.rounded()}}
-	if replicas == 1 && !tuned {
-		row.Target = minRatio(0.8)
-	}
-	rep.add(row)
-	return nil
+	// The share of the workers' time spent in PublishBatch; the rest is
+	// claiming, marking and waiting for a wake-up.
+	rc.publishShare = append(rc.publishShare, float64(pub.busy.Load())/float64(el)/float64(rc.replicas*rc.workers))
+	return el, use, err
+}
+
+// busyPublisher adds up the time spent in PublishBatch.
+type busyPublisher struct {
+	next outbox.Publisher
+	busy atomic.Int64 // nanoseconds
+}
+
+func (p *busyPublisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (map[uuid.UUID]error, error) {
+	t := time.Now()
+	defer func() { p.busy.Add(int64(time.Since(t))) }()
+	return p.next.PublishBatch(ctx, msgs)
 }
 
 // copyOutbox COPYs m outbox rows shaped like Add's: valid envelopes with
