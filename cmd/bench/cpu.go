@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/effectively-once/payments-cashback/internal/stack"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -56,7 +57,7 @@ func findCPUGroups(ctx context.Context, pg *pgEnv) *cpuGroups {
 	}
 	if u, err := url.Parse(ep); err == nil {
 		if p, err := strconv.Atoi(u.Port()); err == nil {
-			g.sqs = listenerPid(p)
+			g.sqs = stack.ListenerPID(p)
 		}
 	}
 	return g
@@ -196,38 +197,4 @@ func (u cpuUse) rounded() map[string]float64 {
 		out[k] = float64(int(v*100+0.5)) / 100
 	}
 	return out
-}
-
-// listenerPid is the pid of the process listening on TCP port (0 if none
-// can be found): the socket's inode from /proc/net/tcp{,6}, then the
-// process holding it.
-func listenerPid(port int) int {
-	inodes := map[string]bool{}
-	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n")[1:] {
-			fields := strings.Fields(line)
-			if len(fields) < 10 || fields[3] != "0A" { // 0A: LISTEN
-				continue
-			}
-			_, hexPort, ok := strings.Cut(fields[1], ":")
-			if p, err := strconv.ParseInt(hexPort, 16, 32); ok && err == nil && int(p) == port {
-				inodes["socket:["+fields[9]+"]"] = true
-			}
-		}
-	}
-	if len(inodes) == 0 {
-		return 0
-	}
-	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
-	for _, fd := range fds {
-		if target, err := os.Readlink(fd); err == nil && inodes[target] {
-			pid, _ := strconv.Atoi(strings.Split(fd, "/")[2])
-			return pid
-		}
-	}
-	return 0
 }

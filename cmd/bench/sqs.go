@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/effectively-once/payments-cashback/internal/sqscount"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,10 +14,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/aws/smithy-go/middleware"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -204,24 +203,6 @@ func bareReceiveDelete(ctx context.Context, c *sqs.Client, q string, total, loop
 		first = fmt.Errorf("received %d of %d messages: %w", got.Load(), total, ctx.Err())
 	}
 	return last.Sub(start), first
-}
-
-// countingClient returns a copy of c that counts its calls per operation.
-func countingClient(c *sqs.Client) (*sqs.Client, func(op string) int64) {
-	var mu sync.Mutex
-	calls := map[string]int64{}
-	cc := sqs.New(c.Options(), func(o *sqs.Options) {
-		o.APIOptions = append(o.APIOptions, func(st *middleware.Stack) error {
-			return st.Initialize.Add(middleware.InitializeMiddlewareFunc("bench-count-calls",
-				func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-					mu.Lock()
-					calls[awsmiddleware.GetOperationName(ctx)]++
-					mu.Unlock()
-					return next.HandleInitialize(ctx, in)
-				}), middleware.After)
-		})
-	})
-	return cc, func(op string) int64 { mu.Lock(); defer mu.Unlock(); return calls[op] }
 }
 
 func depth(ctx context.Context, c *sqs.Client, q string) (int, error) {
@@ -423,7 +404,7 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 	defer in.Close()
 	recv1 := &series{key: "bare_recv1", name: "bare Receive(10)+DeleteBatch, 1 loop", unit: "msgs/s"}
 	inbox := &series{key: "inboxsqs", name: "Subscriber(8)+inboxsqs: received, stored, deleted", unit: "acks/s", base: "bare_recv1"}
-	cc, calls := countingClient(c)
+	cc, calls := sqscount.Client(c)
 	for r := range rounds {
 		msgs, err := relayMessages(per)
 		if err != nil {

@@ -13,6 +13,18 @@ import (
 // portHolder names the process listening on TCP port, "pid 123 (payments)",
 // from /proc (best effort: "" when it cannot tell, e.g. another user's).
 func portHolder(port int) string {
+	pid := ListenerPID(port)
+	if pid == 0 {
+		return ""
+	}
+	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	return fmt.Sprintf("pid %d (%s)", pid, strings.TrimSpace(string(comm)))
+}
+
+// ListenerPID is the pid of the process listening on TCP port, or 0 if none
+// can be found: the socket's inode from /proc/net/tcp{,6}, then the process
+// holding it (best effort: another user's processes are not visible).
+func ListenerPID(port int) int {
 	inodes := map[string]bool{}
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		b, err := os.ReadFile(f)
@@ -31,15 +43,14 @@ func portHolder(port int) string {
 		}
 	}
 	if len(inodes) == 0 {
-		return ""
+		return 0
 	}
 	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
 	for _, fd := range fds {
 		if target, err := os.Readlink(fd); err == nil && inodes[target] {
-			pid := strings.Split(fd, "/")[2]
-			comm, _ := os.ReadFile("/proc/" + pid + "/comm")
-			return fmt.Sprintf("pid %s (%s)", pid, strings.TrimSpace(string(comm)))
+			pid, _ := strconv.Atoi(strings.Split(fd, "/")[2])
+			return pid
 		}
 	}
-	return ""
+	return 0
 }

@@ -3,6 +3,7 @@ package sqstransport_test
 import (
 	"context"
 	"fmt"
+	"github.com/effectively-once/payments-cashback/internal/sqscount"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -11,10 +12,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/aws/smithy-go/middleware"
 
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/events"
@@ -126,24 +125,6 @@ func eagerClient(c *sqs.Client) *sqs.Client {
 	return sqs.New(c.Options(), func(o *sqs.Options) { o.HTTPClient = sqstransport.NewHTTPClient() })
 }
 
-// countingClient returns a copy of c that counts its calls per operation.
-func countingClient(c *sqs.Client) (*sqs.Client, func(op string) int64) {
-	var mu sync.Mutex
-	calls := map[string]int64{}
-	cc := sqs.New(c.Options(), func(o *sqs.Options) {
-		o.APIOptions = append(o.APIOptions, func(st *middleware.Stack) error {
-			return st.Initialize.Add(middleware.InitializeMiddlewareFunc("count-calls",
-				func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-					mu.Lock()
-					calls[awsmiddleware.GetOperationName(ctx)]++
-					mu.Unlock()
-					return next.HandleInitialize(ctx, in)
-				}), middleware.After)
-		})
-	})
-	return cc, func(op string) int64 { mu.Lock(); defer mu.Unlock(); return calls[op] }
-}
-
 // BenchmarkSubscriber measures receive+handle+delete throughput of a
 // Subscriber with a no-op handler over a pre-filled queue, against bare
 // ReceiveMessage (10) + DeleteMessageBatch loops: one loop (the
@@ -162,7 +143,7 @@ func BenchmarkSubscriber(b *testing.B) {
 		q, _ := testenv.Queue(b, c, 5, 30*time.Second)
 		sendAll(b, c, q, relayMessages(b, b.N))
 		var handled atomic.Int64
-		cc, calls := countingClient(c)
+		cc, calls := sqscount.Client(c)
 		s, err := sqstransport.NewSubscriber(cc, sqstransport.SubscriberConfig{QueueURL: q, Concurrency: 10, WaitTime: time.Second, Logger: quiet},
 			func(context.Context, sqstransport.Delivery) error { handled.Add(1); return nil })
 		if err != nil {
