@@ -79,7 +79,7 @@ func startStripeMock() (*child, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	out := &syncBuffer{}
+	out := &Buffer{}
 	// Both listeners on loopback, port chosen by the kernel: by default
 	// stripe-mock also opens HTTPS on :12112 of every interface.
 	cmd := exec.Command(bin, "-http-addr", "127.0.0.1:0", "-https-addr", "127.0.0.1:0")

@@ -101,20 +101,20 @@ func (c *child) stop(sig os.Signal, grace time.Duration) {
 	}
 }
 
-// syncBuffer collects a child's output; cmd.Wait's copier writes it while
-// we may read it for an error message.
-type syncBuffer struct {
+// Buffer is a bytes.Buffer safe for one writer and concurrent readers: a
+// child process's output, or a log sink a test reads while handlers write.
+type Buffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *Buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
@@ -476,7 +476,7 @@ func startFauxqs() (*child, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	out := &syncBuffer{}
+	out := &Buffer{}
 	cmd := exec.Command(node, "--no-warnings", "--input-type=module", "-e", fauxqsLauncher, app)
 	cmd.Env = append(os.Environ(), "FAUXQS_PORT="+strconv.Itoa(port), "FAUXQS_HOST=localhost", "FAUXQS_LOGGER=false")
 	cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = out, out, attr

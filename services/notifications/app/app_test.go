@@ -1,14 +1,12 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,23 +29,6 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // stack is one notifications service on a fresh database, a fresh
 // rewards-events queue and a dev SMS provider served over HTTP.
 type stack struct {
@@ -58,12 +39,12 @@ type stack struct {
 	queue, dlq string
 	provider   *smsprovider.Server
 	http       *httptest.Server
-	logs       *syncBuffer
+	logs       *testenv.Buffer
 }
 
 func start(t *testing.T, mutate func(*app.Config)) *stack {
 	t.Helper()
-	s := &stack{t: t, pool: testenv.DB(t), sqs: testenv.SQS(t), provider: smsprovider.New(), logs: &syncBuffer{}}
+	s := &stack{t: t, pool: testenv.DB(t), sqs: testenv.SQS(t), provider: smsprovider.New(), logs: &testenv.Buffer{}}
 	s.queue, s.dlq = testenv.Queue(t, s.sqs, 5, 30*time.Second)
 	prov := httptest.NewServer(s.provider)
 	t.Cleanup(prov.Close)

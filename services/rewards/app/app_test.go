@@ -1,7 +1,6 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -29,24 +28,6 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// syncBuffer is a log sink the test can read while handlers write to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // stack is one rewards service on a fresh database and fresh queues.
 type stack struct {
 	t                  *testing.T
@@ -55,7 +36,7 @@ type stack struct {
 	sqs                *sqs.Client
 	payments, paysDLQ  string // queue URLs
 	rewards, rewardDLQ string
-	logs               *syncBuffer
+	logs               *testenv.Buffer
 	http               *httptest.Server
 }
 
@@ -74,7 +55,7 @@ func start(t *testing.T, o options) *stack {
 	if o.retryBase == 0 {
 		o.retryBase = 100 * time.Millisecond // rounds to a 0 s visibility: immediate redelivery
 	}
-	s := &stack{t: t, pool: testenv.DB(t), sqs: testenv.SQS(t), logs: &syncBuffer{}}
+	s := &stack{t: t, pool: testenv.DB(t), sqs: testenv.SQS(t), logs: &testenv.Buffer{}}
 	s.payments, s.paysDLQ = testenv.Queue(t, s.sqs, o.maxReceive, 30*time.Second)
 	s.rewards, s.rewardDLQ = testenv.Queue(t, s.sqs, 5, 30*time.Second)
 	cfg := app.Config{
