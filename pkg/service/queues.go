@@ -8,6 +8,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/cenkalti/backoff/v5"
+
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 )
 
 // QueueURL resolves a queue name, retrying for up to wait while the SQS
@@ -25,4 +27,18 @@ func QueueURL(ctx context.Context, c *sqs.Client, name string, wait time.Duratio
 		return "", fmt.Errorf("queue %s not found after %v (create it with `go run ./cmd/queues`): %w", name, wait, err)
 	}
 	return url, nil
+}
+
+// NewSubscriber resolves queue (waiting up to wait, as QueueURL does) and
+// builds a Subscriber on it from cfg, whose zero tuning fields are filled
+// from env (a value set in code wins) and whose Logger is log.
+func NewSubscriber(ctx context.Context, c *sqs.Client, queue string, wait time.Duration,
+	cfg sqstransport.SubscriberConfig, env SubscriberEnv, log *slog.Logger, h sqstransport.Handler) (*sqstransport.Subscriber, error) {
+	url, err := QueueURL(ctx, c, queue, wait, log)
+	if err != nil {
+		return nil, err
+	}
+	env.Apply(&cfg)
+	cfg.QueueURL, cfg.Logger = url, log
+	return sqstransport.NewSubscriber(c, cfg, h)
 }

@@ -155,14 +155,9 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		return nil, err
 	}
 
-	queueURL, err := service.QueueURL(ctx, client, cfg.RewardsQueue, cfg.QueueWait, log)
-	if err != nil {
-		return nil, err
-	}
 	sc := cfg.Subscriber
-	cfg.SubscriberEnv.Apply(&sc)
-	sc.QueueURL, sc.Concurrency, sc.Logger = queueURL, cfg.Concurrency, log
-	sub, err := sqstransport.NewSubscriber(client, sc, receiver(inbox))
+	sc.Concurrency = cfg.Concurrency
+	sub, err := service.NewSubscriber(ctx, client, cfg.RewardsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, receiver(inbox))
 	if err != nil {
 		return nil, err
 	}

@@ -129,18 +129,13 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		return nil, err
 	}
 
-	paymentsURL, err := service.QueueURL(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, log)
-	if err != nil {
-		return nil, err
-	}
 	rewardsURL, err := service.QueueURL(ctx, client, cfg.RewardsQueue, cfg.QueueWait, log)
 	if err != nil {
 		return nil, err
 	}
 	sc := cfg.Subscriber
-	cfg.SubscriberEnv.Apply(&sc)
-	sc.QueueURL, sc.Concurrency, sc.Logger = paymentsURL, cfg.Concurrency, log
-	sub, err := sqstransport.NewSubscriber(client, sc, proc.HandleDelivery)
+	sc.Concurrency = cfg.Concurrency
+	sub, err := service.NewSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleDelivery)
 	if err != nil {
 		return nil, err
 	}
