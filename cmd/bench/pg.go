@@ -236,6 +236,31 @@ func (c credit) apply(ctx context.Context, tx pgx.Tx) error {
 	return err
 }
 
+// batch10 is a bench op: HandleBatch of 10 fresh credits through cons,
+// each applied with effect, all of which must come back Applied.
+func batch10(cons *idempotent.Consumer, effect func(credit, context.Context, pgx.Tx) error) func(context.Context, int) (int, error) {
+	return func(ctx context.Context, _ int) (int, error) {
+		items := make([]idempotent.Item, 10)
+		for i := range items {
+			cr, err := newCredit()
+			if err != nil {
+				return 0, err
+			}
+			items[i] = idempotent.Item{Msg: cr.msg, Effect: func(ctx context.Context, tx pgx.Tx) error { return effect(cr, ctx, tx) }}
+		}
+		outs, errs := cons.HandleBatch(ctx, items)
+		for i := range outs {
+			if errs[i] != nil {
+				return 0, errs[i]
+			}
+			if outs[i] != idempotent.Applied {
+				return 0, fmt.Errorf("batch item %d: %s", i, outs[i])
+			}
+		}
+		return len(items), nil
+	}
+}
+
 // applyPipelined is apply with both statements sent in one round trip
 // (a pgx.Batch): the same SQL, the way an effect that does not need one
 // statement's result for the next can be written.
@@ -470,26 +495,7 @@ func benchPostgresConns(ctx context.Context, pg *pgEnv, o options, conns int, se
 			}},
 		{key: "batch10_c" + c, name: fmt.Sprintf("HandleBatch (10 per tx), new messages, %d conn", conns), unit: "msgs/s",
 			base: "handle_new_c" + c, target: minRatio(3),
-			op: func(ctx context.Context, _ int) (int, error) {
-				items := make([]idempotent.Item, 10)
-				for i := range items {
-					cr, err := newCredit()
-					if err != nil {
-						return 0, err
-					}
-					items[i] = idempotent.Item{Msg: cr.msg, Effect: cr.apply}
-				}
-				outs, errs := bcons.HandleBatch(ctx, items)
-				for i := range outs {
-					if errs[i] != nil {
-						return 0, errs[i]
-					}
-					if outs[i] != idempotent.Applied {
-						return 0, fmt.Errorf("batch item %d: %s", i, outs[i])
-					}
-				}
-				return len(items), nil
-			}},
+			op: batch10(bcons, credit.apply)},
 	}
 	// The same two, with the effect's statements pipelined: what HandleBatch
 	// saves is the per-message BEGIN, dedupe INSERT and COMMIT; the effect's
@@ -511,26 +517,7 @@ func benchPostgresConns(ctx context.Context, pg *pgEnv, o options, conns int, se
 			}},
 		&bcase{key: "batch10_pipe_c" + c, name: fmt.Sprintf("HandleBatch (10 per tx), effect pipelined, %d conn", conns), unit: "msgs/s",
 			base: "handle_new_pipe_c" + c,
-			op: func(ctx context.Context, _ int) (int, error) {
-				items := make([]idempotent.Item, 10)
-				for i := range items {
-					cr, err := newCredit()
-					if err != nil {
-						return 0, err
-					}
-					items[i] = idempotent.Item{Msg: cr.msg, Effect: cr.applyPipelined}
-				}
-				outs, errs := pcons.HandleBatch(ctx, items)
-				for i := range outs {
-					if errs[i] != nil {
-						return 0, errs[i]
-					}
-					if outs[i] != idempotent.Applied {
-						return 0, fmt.Errorf("batch item %d: %s", i, outs[i])
-					}
-				}
-				return len(items), nil
-			}},
+			op:   batch10(pcons, credit.applyPipelined)},
 	)
 	if err := interleave(ctx, o.duration, o.rounds, conns, cases); err != nil {
 		return err
