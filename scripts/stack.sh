@@ -18,6 +18,10 @@
 #                     /usr/lib/postgresql/*/bin, else PATH)
 #   SQS_PORT          fauxqs port (default 4566)
 #   STRIPE_MOCK_PORT  stripe-mock HTTP port (default 12111)
+#   PAYMENTS_PORT, REWARDS_PORT, NOTIFICATIONS_PORT, SMS_PROVIDER_PORT
+#                     where the services will listen (default 8081, 8082,
+#                     8083, 8090): written to .stack/env as *_URL, so two
+#                     checkouts can run their stacks side by side
 #
 # Processes it starts are recorded in .stack/pids/<name>.pid (+ .port), so
 # `down` stops only those; their output goes to .stack/logs/<name>.log.
@@ -390,10 +394,10 @@ cmd_infra_up() {
 		env_line AWS_SECRET_ACCESS_KEY test
 		env_line STRIPE_URL "http://127.0.0.1:$STRIPE_MOCK_PORT"
 		# The services are started elsewhere; these are where they will be.
-		env_line PAYMENTS_URL http://127.0.0.1:8081
-		env_line REWARDS_URL http://127.0.0.1:8082
-		env_line NOTIFICATIONS_URL http://127.0.0.1:8083
-		env_line SMS_PROVIDER_URL http://127.0.0.1:8090
+		env_line PAYMENTS_URL "http://127.0.0.1:${PAYMENTS_PORT:-8081}"
+		env_line REWARDS_URL "http://127.0.0.1:${REWARDS_PORT:-8082}"
+		env_line NOTIFICATIONS_URL "http://127.0.0.1:${NOTIFICATIONS_PORT:-8083}"
+		env_line SMS_PROVIDER_URL "http://127.0.0.1:${SMS_PROVIDER_PORT:-8090}"
 	} >"$tmp"
 	mv "$tmp" "$STACK/env"
 	log "up in $((SECONDS - t0))s; environment in .stack/env"
