@@ -38,10 +38,12 @@ func Main[C any](name string, databaseURL func(C) string, build func(context.Con
 	if err != nil {
 		Fatal(log, "bad configuration", err)
 	}
-	metrics, shutdown, err := SetupTelemetry(name)
+	LogConfig(log, cfg)
+	tel, err := SetupTelemetry(name)
 	if err != nil {
 		Fatal(log, "telemetry", err)
 	}
+	log.Info("telemetry", "trace_exporter", tel.Exporter)
 	ctx := context.Background()
 	pool, err := OpenPool(ctx, databaseURL(cfg), time.Minute, log)
 	if err != nil {
@@ -51,14 +53,14 @@ func Main[C any](name string, databaseURL func(C) string, build func(context.Con
 	if err != nil {
 		Fatal(log, "sqs", err)
 	}
-	app, err := build(ctx, cfg, Deps{Pool: pool, SQS: client, Metrics: metrics, Log: log})
+	app, err := build(ctx, cfg, Deps{Pool: pool, SQS: client, Metrics: tel.Metrics, Log: log})
 	if err != nil {
 		Fatal(log, "start", err)
 	}
 	err = Run(ctx, log, app.Tasks()...)
 	app.Close()
 	pool.Close()
-	_ = shutdown(context.Background())
+	_ = tel.Shutdown(context.Background())
 	if err != nil {
 		log.Error("stopped", "error", err)
 		os.Exit(1)

@@ -42,3 +42,16 @@ func NewSubscriber(ctx context.Context, c *sqs.Client, queue string, wait time.D
 	cfg.QueueURL, cfg.Logger = url, log
 	return sqstransport.NewSubscriber(c, cfg, h)
 }
+
+// QueueCheck is a readiness check that the SQS server answers and knows the
+// queue named name: a consumer or relay that cannot reach its queue is not
+// ready, even if its database is.
+func QueueCheck(c *sqs.Client, name string) Check {
+	return func(ctx context.Context) error {
+		_, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: &name})
+		if err != nil {
+			return fmt.Errorf("queue %s: %w", name, err)
+		}
+		return nil
+	}
+}

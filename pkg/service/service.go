@@ -15,12 +15,15 @@ import (
 	"os"
 	"os/signal"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/caarlos0/env/v11"
 	"github.com/cenkalti/backoff/v5"
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 )
@@ -62,19 +65,6 @@ func nameVariables(t reflect.Type, err error) error {
 	return errors.Join(errs...)
 }
 
-// NewLogger returns a JSON logger tagged with the service name, at the level
-// named by LOG_LEVEL (debug, info, warn, error; default info), and makes it
-// the slog default so libraries log the same way.
-func NewLogger(name string) *slog.Logger {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(os.Getenv("LOG_LEVEL"))); err != nil {
-		level = slog.LevelInfo
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: level})).With("service", name)
-	slog.SetDefault(log)
-	return log
-}
-
 // Fatal logs err and exits with status 1: for errors at start-up only.
 func Fatal(log *slog.Logger, msg string, err error) {
 	log.Error(msg, "error", err)
@@ -88,6 +78,9 @@ func OpenPool(ctx context.Context, url string, wait time.Duration, log *slog.Log
 	if err != nil {
 		return nil, fmt.Errorf("database url: %w", err)
 	}
+	// Queries inside a trace become spans of it; acquiring a connection does
+	// not (one span per query is enough to see where time went).
+	cfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTrimSQLInSpanName(), otelpgx.WithDisableAcquireTracer())
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -114,14 +107,37 @@ type Task struct {
 	Run  func(ctx context.Context) error
 }
 
+// DefaultShutdownTimeout bounds how long Run waits for tasks to drain after
+// the stop signal; SHUTDOWN_TIMEOUT overrides it. It outlasts the
+// subscriber's last long poll (20 s) and the HTTP server's drain (10 s).
+const DefaultShutdownTimeout = 30 * time.Second
+
 // Run runs tasks until SIGINT/SIGTERM or until one fails, then cancels the
-// rest and waits for them to drain. It returns the first task error.
+// rest and waits for them to drain, for at most SHUTDOWN_TIMEOUT (default
+// DefaultShutdownTimeout). It returns the first task error, or an error
+// naming the tasks still running at the deadline (the caller then exits
+// and the process's end stops them; everything they had not committed is
+// redelivered or reclaimed, as after a crash).
 func Run(ctx context.Context, log *slog.Logger, tasks ...Task) error {
+	deadline := DefaultShutdownTimeout
+	if v := os.Getenv("SHUTDOWN_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("SHUTDOWN_TIMEOUT %q: want a positive duration such as 30s", v)
+		}
+		deadline = d
+	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	g, gctx := errgroup.WithContext(ctx)
+	var mu sync.Mutex
+	running := map[string]bool{}
 	for _, t := range tasks {
+		mu.Lock()
+		running[t.Name] = true
+		mu.Unlock()
 		g.Go(func() error {
+			defer func() { mu.Lock(); delete(running, t.Name); mu.Unlock() }()
 			log.Info("started", "task", t.Name)
 			err := t.Run(gctx)
 			if err != nil && !errors.Is(err, context.Canceled) {
@@ -132,11 +148,27 @@ func Run(ctx context.Context, log *slog.Logger, tasks ...Task) error {
 			return nil
 		})
 	}
-	go func() {
-		<-gctx.Done()
-		log.Info("shutting down: draining in-flight work")
-	}()
-	return g.Wait()
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-gctx.Done():
+	}
+	log.Info("shutting down: draining in-flight work", "deadline", deadline.String())
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(deadline):
+		mu.Lock()
+		names := make([]string, 0, len(running))
+		for n := range running {
+			names = append(names, n)
+		}
+		mu.Unlock()
+		slices.Sort(names)
+		return fmt.Errorf("shutdown deadline %v exceeded; still running: %s", deadline, strings.Join(names, ", "))
+	}
 }
 
 // HTTPTask serves h on addr and shuts the server down gracefully (in-flight

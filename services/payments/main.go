@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectively-once/payments-cashback/pkg/httpidem"
@@ -120,11 +121,13 @@ func loadConfig(args []string) (config, error) {
 // or a task's failure.
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	log = log.With("role", cfg.Role)
-	metrics, shutdownTelemetry, err := service.SetupTelemetry("payments")
+	service.LogConfig(log, cfg)
+	tel, err := service.SetupTelemetry("payments")
 	if err != nil {
 		return err
 	}
-	defer func() { _ = shutdownTelemetry(context.WithoutCancel(ctx)) }()
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }()
+	log.Info("telemetry", "trace_exporter", tel.Exporter)
 
 	pool, err := service.OpenPool(ctx, cfg.DatabaseURL, cfg.StartupWait, log)
 	if err != nil {
@@ -139,7 +142,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return nil
 	}
 
-	router := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping})
+	checks := map[string]service.Check{"database": pool.Ping}
+	router := service.NewRouter(log, tel.Metrics, checks)
 	var tasks []service.Task
 	if cfg.Role == "all" || cfg.Role == "api" {
 		keys, err := httpidem.New(pool, httpidem.Config{LockTimeout: cfg.LockTimeout, Retention: cfg.KeyTTL, Logger: log})
@@ -158,10 +162,15 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		tasks = append(tasks, service.Task{Name: "idempotency key cleanup", Run: keys.RunCleanup})
 	}
 	if cfg.Role == "relay" || (cfg.Role == "all" && cfg.RelayEnabled) {
-		relay, err := newRelay(ctx, cfg, pool, log)
+		client, err := sqstransport.NewClient(ctx)
 		if err != nil {
 			return err
 		}
+		relay, err := newRelay(ctx, cfg, pool, client, log)
+		if err != nil {
+			return err
+		}
+		checks["sqs "+cfg.Queue] = service.QueueCheck(client, cfg.Queue) // before the server starts: no race
 		tasks = append(tasks, service.Task{Name: "outbox relay " + cfg.Queue, Run: relay.Run})
 	}
 	tasks = append(tasks, service.HTTPTask(service.ListenAddr(cfg.Port), router, log))
@@ -170,11 +179,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 // newRelay builds the outbox relay to the PAYMENTS_QUEUE queue, waiting for
 // the queue to exist.
-func newRelay(ctx context.Context, cfg config, pool *pgxpool.Pool, log *slog.Logger) (*outbox.Relay, error) {
-	client, err := sqstransport.NewClient(ctx)
-	if err != nil {
-		return nil, err
-	}
+func newRelay(ctx context.Context, cfg config, pool *pgxpool.Pool, client *sqs.Client, log *slog.Logger) (*outbox.Relay, error) {
 	queueURL, err := service.QueueURL(ctx, client, cfg.Queue, cfg.StartupWait, log)
 	if err != nil {
 		return nil, err

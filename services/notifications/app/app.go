@@ -162,7 +162,8 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		return nil, err
 	}
 
-	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping})
+	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping,
+		"sqs " + cfg.RewardsQueue: service.QueueCheck(client, cfg.RewardsQueue)})
 	api.Routes(r, pool)
 	return &App{Sender: snd, Inbox: inbox, Router: r, subscriber: sub, processor: proc, maintainer: maint,
 		addr: service.ListenAddr(cfg.Port), log: log}, nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
@@ -109,13 +110,23 @@ func Record(ctx context.Context, tx pgx.Tx, e events.Envelope) (recorded bool, e
 	if err != nil {
 		return false, err
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO notifications (event_id, event_type, channel, kind, recipient, body, idempotency_key)
-		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (event_id, channel) DO NOTHING`,
-		in.EventID, in.EventType, Channel, in.Kind, in.Recipient, in.Body, Key(in.EventID))
+	tag, err := tx.Exec(ctx, `INSERT INTO notifications (event_id, event_type, channel, kind, recipient, body, idempotency_key, traceparent)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (event_id, channel) DO NOTHING`,
+		in.EventID, in.EventType, Channel, in.Kind, in.Recipient, in.Body, Key(in.EventID), traceparent(ctx))
 	if err != nil {
 		return false, fmt.Errorf("record notification intent: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// traceparent is the W3C trace context of ctx's span, or nil outside one.
+func traceparent(ctx context.Context) *string {
+	c := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, c)
+	if tp := c["traceparent"]; tp != "" {
+		return &tp
+	}
+	return nil
 }
 
 // Handler adapts Record to the inbox processor's handler signature.

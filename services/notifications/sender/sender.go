@@ -50,6 +50,8 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/services/notifications/sms"
@@ -152,7 +154,7 @@ func New(pool *pgxpool.Pool, provider sms.Provider, cfg Config) (*Sender, error)
 	}
 	s := &Sender{pool: pool, provider: provider, cfg: cfg, log: cfg.Logger}
 	s.looker, _ = provider.(sms.Looker)
-	m := otel.Meter("github.com/effectively-once/payments-cashback/services/notifications")
+	m := otel.Meter(meterName)
 	var err error
 	for _, c := range []struct {
 		dst        *metric.Int64Counter
@@ -219,9 +221,13 @@ type row struct {
 	Key       string
 	Attempts  int
 	ClaimID   uuid.UUID
+	// Traceparent continues the trace that recorded the intent.
+	Traceparent *string
 }
 
-const returning = `RETURNING id, event_id, kind, recipient, body, idempotency_key, attempts, claim_id`
+const meterName = "github.com/effectively-once/payments-cashback/services/notifications"
+
+const returning = `RETURNING id, event_id, kind, recipient, body, idempotency_key, attempts, claim_id, traceparent`
 
 // SendOnce claims up to Concurrency due PENDING rows, sends them and
 // records the outcomes. It returns how many it claimed.
@@ -260,9 +266,19 @@ func (s *Sender) each(ctx context.Context, rs []row, f func(context.Context, row
 
 // send makes one provider call for a claimed row and records its outcome.
 func (s *Sender) send(ctx context.Context, r row) {
+	if r.Traceparent != nil {
+		ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": *r.Traceparent})
+	}
+	ctx, span := otel.Tracer(meterName).Start(ctx, "sms send", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.Int64("notification_id", r.ID), attribute.String("event_id", r.EventID.String()),
+			attribute.String("idempotency_key", r.Key), attribute.Int("attempt", r.Attempts)))
+	defer span.End()
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.SendTimeout)
 	receipt, err := s.provider.Send(cctx, sms.Message{IdempotencyKey: r.Key, To: r.Recipient, Body: r.Body})
 	cancel()
+	if err != nil {
+		span.RecordError(err)
+	}
 	if failpoint.Hit(failpoint.InSending) {
 		// Armed in-process: behave like a crash here, recording nothing.
 		// The row stays SENDING until the reconciler's lease check.

@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 )
 
 // HTTPProvider talks to an SMS provider over the dev provider's HTTP API:
@@ -35,12 +37,14 @@ func NewHTTPProvider(baseURL string, timeout time.Duration) *HTTPProvider {
 	}
 	return &HTTPProvider{
 		base: strings.TrimRight(baseURL, "/"),
-		client: &http.Client{Timeout: timeout, Transport: &http.Transport{
+		// otelhttp: a client span per request, and the traceparent header,
+		// so the provider's side of the call joins the payment's trace.
+		client: &http.Client{Timeout: timeout, Transport: otelhttp.NewTransport(&http.Transport{
 			DialContext:           (&net.Dialer{Timeout: min(timeout, 5*time.Second)}).DialContext,
 			ResponseHeaderTimeout: timeout,
 			MaxIdleConnsPerHost:   16,
 			IdleConnTimeout:       90 * time.Second,
-		}},
+		})},
 	}
 }
 

@@ -67,6 +67,9 @@ type Delivery struct {
 	Body           string    `json:"body"`
 	Requests       int       `json:"requests"` // send requests seen under this key
 	DeliveredAt    time.Time `json:"delivered_at"`
+	// Traceparent is the W3C trace context of the accepted request, if it
+	// carried one: which trace this SMS belongs to.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // message is the stored first response for a key.
@@ -77,6 +80,7 @@ type message struct {
 	Body           string    `json:"body"`
 	Status         string    `json:"status"`
 	CreatedAt      time.Time `json:"created_at"`
+	traceparent    string
 }
 
 // Server is the provider; it is an http.Handler.
@@ -166,7 +170,7 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request) {
 	if !replay {
 		s.seq++
 		m = &message{MessageID: fmt.Sprintf("sms_%06d", s.seq), IdempotencyKey: key, To: req.To, Body: req.Body,
-			Status: "delivered", CreatedAt: time.Now().UTC()}
+			Status: "delivered", CreatedAt: time.Now().UTC(), traceparent: r.Header.Get("traceparent")}
 		s.byKey[key] = m
 		s.order = append(s.order, key)
 	}
@@ -219,7 +223,7 @@ func (s *Server) Deliveries() []Delivery {
 	for _, k := range s.order {
 		m := s.byKey[k]
 		out = append(out, Delivery{IdempotencyKey: k, MessageID: m.MessageID, To: m.To, Body: m.Body,
-			Requests: s.requests[k], DeliveredAt: m.CreatedAt})
+			Requests: s.requests[k], DeliveredAt: m.CreatedAt, Traceparent: m.traceparent})
 	}
 	return out
 }

@@ -37,8 +37,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/pkg/httpidem"
@@ -84,9 +82,11 @@ func New(pool *pgxpool.Pool, keys *httpidem.Store, gw Gateway, log *slog.Logger)
 
 // Routes adds the API's routes to r (a service.NewRouter).
 func (s *Server) Routes(r chi.Router) {
-	r.With(traced, httpidem.RequireKey).Post("/v1/payments", s.create)
-	r.With(traced).Get("/v1/payments/{id}", s.get)
-	r.With(traced, httpidem.RequireKey).Post("/v1/payments/{id}/refund", s.refund)
+	// The router's server span (service.NewRouter) carries the caller's
+	// trace into the outbox row's traceparent, and from there to SQS.
+	r.With(httpidem.RequireKey).Post("/v1/payments", s.create)
+	r.Get("/v1/payments/{id}", s.get)
+	r.With(httpidem.RequireKey).Post("/v1/payments/{id}/refund", s.refund)
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -219,21 +219,4 @@ func providerError(err error) error {
 
 func errorBody(code, field, message string) service.ErrorBody {
 	return service.ErrorBody{Error: service.ErrorDetail{Code: code, Field: field, Message: message}}
-}
-
-// traced continues the caller's W3C trace (traceparent header) in a server
-// span, so the traceparent stored with the outbox row, and carried on the
-// SQS message, joins the HTTP request's trace.
-func traced(next http.Handler) http.Handler {
-	tracer := otel.Tracer("github.com/effectively-once/payments-cashback/services/payments")
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		name := r.Method
-		if rc := chi.RouteContext(ctx); rc != nil {
-			name += " " + rc.RoutePattern()
-		}
-		ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer))
-		defer span.End()
-		next.ServeHTTP(w, r.WithContext(ctx))
-	})
 }

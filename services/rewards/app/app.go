@@ -147,7 +147,9 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		return nil, err
 	}
 
-	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping})
+	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping,
+		"sqs " + cfg.PaymentsQueue: service.QueueCheck(client, cfg.PaymentsQueue),
+		"sqs " + cfg.RewardsQueue:  service.QueueCheck(client, cfg.RewardsQueue)})
 	api.Routes(r, pool)
 	return &App{Processor: proc, Fail: fail, Router: r, pool: pool, subscriber: sub, relay: relay,
 		maintainer: maint, addr: service.ListenAddr(cfg.Port), log: log}, nil

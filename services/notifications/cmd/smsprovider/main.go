@@ -22,6 +22,7 @@ func main() {
 	if err != nil {
 		service.Fatal(log, "bad configuration", err)
 	}
+	service.LogConfig(log, cfg)
 	if err := service.Run(context.Background(), log, service.HTTPTask(service.ListenAddr(cfg.Port), smsprovider.New(), log)); err != nil {
 		service.Fatal(log, "stopped", err)
 	}
