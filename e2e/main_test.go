@@ -62,6 +62,8 @@ type suite struct {
 
 	redriveBin string
 	run        string // unique per suite run: user and payment ids carry it
+
+	traces *collector // the spans the local stack's services export; nil for compose
 }
 
 var s suite
@@ -106,6 +108,15 @@ func setup(m *testing.M) (code int, err error) {
 		// restarts consumers all the time; this bounds the cost to seconds.
 		s.env["SUBSCRIBER_WAIT_TIME"] = "1s"
 		s.env["SUBSCRIBER_VISIBILITY"] = "5s"
+		// Every service exports its spans, over OTLP/HTTP as in production,
+		// to a receiver in this process (the trace scenario reads them).
+		if s.traces, err = startCollector(); err != nil {
+			return 0, err
+		}
+		defer s.traces.close()
+		s.env["OTEL_TRACES_EXPORTER"] = "otlp"
+		s.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = s.traces.url
+		s.env["OTEL_BSP_SCHEDULE_DELAY"] = "200" // ms: spans arrive quickly
 		t0 := time.Now()
 		s.local, err = stack.StartLocal(ctx, stack.Options{Root: s.root, Env: s.env,
 			LogDir: filepath.Join(s.root, ".stack", "logs", "e2e"), Ready: time.Minute})
