@@ -12,7 +12,7 @@ import (
 // record keyed by environment variable name, so an operator sees what a
 // process actually runs with. Fields tagged `secret:"true"` are logged as
 // "***" (or "(unset)"), and the password of any URL-valued field is
-// replaced by "***": a config summary must never leak a credential into
+// replaced by "xxxxx": a config summary must never leak a credential into
 // the logs. Fields tagged `env:"-"` (wiring for tests) are left out.
 func LogConfig(log *slog.Logger, cfg any) {
 	v := reflect.ValueOf(cfg)
@@ -60,7 +60,7 @@ func configValue(v reflect.Value, secret bool) string {
 	return RedactURL(s)
 }
 
-// RedactURL returns s with the password of a URL replaced by "***"; any
+// RedactURL returns s with the password of a URL replaced by "xxxxx"; any
 // other string is returned as it is.
 func RedactURL(s string) string {
 	u, err := url.Parse(s)

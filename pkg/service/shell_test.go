@@ -1,0 +1,213 @@
+package service_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/effectively-once/payments-cashback/pkg/service"
+)
+
+// records decodes JSON log lines.
+func records(t *testing.T, b *bytes.Buffer) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func TestRouterGivesEveryRequestAnIDASpanNamedByRouteAndLogsBothOnEachLine(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	prevTP, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	t.Cleanup(func() { otel.SetTracerProvider(prevTP); otel.SetTextMapPropagator(prevProp) })
+
+	var buf bytes.Buffer
+	log := slog.New(service.NewContextHandler(&buf, slog.LevelInfo))
+	r := service.NewRouter(log, nil, nil)
+	r.Get("/v1/things/{id}", func(w http.ResponseWriter, req *http.Request) {
+		log.InfoContext(req.Context(), "handler ran")
+		w.WriteHeader(http.StatusNoContent)
+	})
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+
+	const caller = "4bf92f3577b34da6a3ce929d0e0e4736"
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/things/42", nil)
+	req.Header.Set("X-Request-Id", "req-abc")
+	req.Header.Set("traceparent", "00-"+caller+"-00f067aa0ba902b7-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("X-Request-Id"); got != "req-abc" {
+		t.Errorf("X-Request-Id echoed %q, want req-abc", got)
+	}
+	// A request without an id gets one made up.
+	resp, err = http.Get(srv.URL + "/v1/things/43")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Header.Get("X-Request-Id") == "" {
+		t.Error("no X-Request-Id made for a request without one")
+	}
+	// Probes are neither traced nor logged.
+	resp, err = http.Get(srv.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+
+	ended := spans.Ended()
+	if len(ended) != 2 {
+		t.Fatalf("%d spans ended, want 2 (the probe is not traced)", len(ended))
+	}
+	if ended[0].Name() != "GET /v1/things/{id}" || ended[0].SpanContext().TraceID().String() != caller {
+		t.Errorf("span %q in trace %s, want \"GET /v1/things/{id}\" continuing %s", ended[0].Name(), ended[0].SpanContext().TraceID(), caller)
+	}
+	recs := records(t, &buf)
+	if len(recs) != 4 { // handler + access log, twice
+		t.Fatalf("%d log records, want 4: %s", len(recs), buf.String())
+	}
+	for _, rec := range recs[:2] {
+		if rec["request_id"] != "req-abc" || rec["trace_id"] != caller || rec["span_id"] == nil {
+			t.Errorf("log record %v lacks request_id req-abc / trace_id %s / span_id", rec, caller)
+		}
+	}
+}
+
+func TestLogConfigMasksSecretsAndURLPasswords(t *testing.T) {
+	type inner struct {
+		Lease time.Duration `env:"LEASE"`
+	}
+	type config struct {
+		DatabaseURL string            `env:"X_DATABASE_URL"`
+		APIKeys     string            `env:"X_API_KEYS" secret:"true"`
+		Unset       string            `env:"X_UNSET_SECRET" secret:"true"`
+		Port        string            `env:"PORT"`
+		Relay       inner             `envPrefix:"RELAY_"`
+		Hook        func()            `env:"-"`
+		Extra       map[string]string `env:"-"`
+	}
+	var buf bytes.Buffer
+	service.LogConfig(slog.New(slog.NewJSONHandler(&buf, nil)), config{
+		DatabaseURL: "postgres://app:hunter2@db:5432/payments?sslmode=disable",
+		APIKeys:     "client1:sk_live_abcdef",
+		Port:        "8081",
+		Relay:       inner{Lease: 30 * time.Second},
+	})
+	out := buf.String()
+	for _, leak := range []string{"hunter2", "sk_live_abcdef", "client1"} {
+		if strings.Contains(out, leak) {
+			t.Errorf("config summary leaks %q: %s", leak, out)
+		}
+	}
+	rec := records(t, &buf)[0]
+	for k, want := range map[string]string{
+		"X_DATABASE_URL": "postgres://app:xxxxx@db:5432/payments?sslmode=disable",
+		"X_API_KEYS":     "***", "X_UNSET_SECRET": "(unset)", "PORT": "8081", "RELAY_LEASE": "30s",
+	} {
+		if rec[k] != want {
+			t.Errorf("%s = %v, want %q", k, rec[k], want)
+		}
+	}
+	if _, ok := rec["Hook"]; ok {
+		t.Error("env:\"-\" field logged")
+	}
+}
+
+func TestRunStopsWaitingForATaskThatIgnoresCancellationAtTheShutdownDeadline(t *testing.T) {
+	t.Setenv("SHUTDOWN_TIMEOUT", "300ms")
+	ctx, cancel := context.WithCancel(context.Background())
+	block := make(chan struct{})
+	defer close(block)
+	done := make(chan error, 1)
+	go func() {
+		done <- service.Run(ctx, slog.New(slog.DiscardHandler),
+			service.Task{Name: "polite", Run: func(ctx context.Context) error { <-ctx.Done(); return nil }},
+			service.Task{Name: "stuck", Run: func(context.Context) error { <-block; return nil }})
+	}()
+	time.Sleep(50 * time.Millisecond)
+	t0 := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "still running: stuck") || strings.Contains(err.Error(), "polite") {
+			t.Errorf("Run returned %v, want the deadline error naming only the stuck task", err)
+		}
+		if d := time.Since(t0); d < 300*time.Millisecond {
+			t.Errorf("Run returned after %v, before the deadline", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run still waiting 5 s after cancel: the deadline did not hold")
+	}
+
+	t.Setenv("SHUTDOWN_TIMEOUT", "soon")
+	if err := service.Run(context.Background(), slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "SHUTDOWN_TIMEOUT") {
+		t.Errorf("bad SHUTDOWN_TIMEOUT: Run returned %v", err)
+	}
+}
+
+func TestTraceExporterIsChosenByTheStandardVariablesAndIsNoneWhenUnset(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		env     map[string]string
+		want    string
+		wantErr string
+	}{
+		{"nothing set", nil, "none", ""},
+		{"endpoint only", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, "otlp", ""},
+		{"traces endpoint only", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, "otlp", ""},
+		{"explicit otlp", map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, "otlp", ""},
+		{"console", map[string]string{"OTEL_TRACES_EXPORTER": "console"}, "console", ""},
+		{"none wins over an endpoint", map[string]string{"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318"}, "none", ""},
+		{"sdk disabled", map[string]string{"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"}, "none", ""},
+		{"grpc is not built in", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "", "http/protobuf only"},
+		{"unknown exporter", map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, "", "want otlp, console or none"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, k := range []string{"OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
+				"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"} {
+				t.Setenv(k, c.env[k])
+			}
+			tel, err := service.SetupTelemetry("test")
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("err = %v, want %q", err, c.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tel.Shutdown(context.Background())
+			if tel.Exporter != c.want {
+				t.Errorf("exporter %q, want %q", tel.Exporter, c.want)
+			}
+		})
+	}
+}
