@@ -1,0 +1,128 @@
+package deploy_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/compose-spec/compose-go/v2/types"
+
+	"github.com/effectively-once/payments-cashback/deploy"
+)
+
+func TestComposeFileBuildsChecksHealthAndStartsInOrder(t *testing.T) {
+	p, err := deploy.LoadCompose(context.Background(), "../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range deploy.CheckCompose(p, "..") {
+		t.Error(err)
+	}
+
+	// The whole stack of DESIGN.md, on its default ports.
+	want := map[string]string{"postgres": "5432", "localstack": "4566", "stripe-mock": "12111", "smsprovider": "8090",
+		"payments": "8081", "rewards": "8082", "notifications": "8083", "jaeger": "16686"}
+	for name, port := range want {
+		svc, ok := p.Services[name]
+		if !ok {
+			t.Errorf("no service %s", name)
+			continue
+		}
+		if !slices.ContainsFunc(svc.Ports, func(pc types.ServicePortConfig) bool { return pc.Published == port }) {
+			t.Errorf("service %s does not publish port %s", name, port)
+		}
+	}
+	for _, name := range []string{"payments", "rewards", "notifications"} {
+		svc := p.Services[name]
+		for _, dep := range []string{"postgres", "localstack"} {
+			if _, ok := svc.DependsOn[dep]; !ok {
+				t.Errorf("%s does not wait for %s", name, dep)
+			}
+		}
+		env := svc.Environment
+		if v := env["AWS_ENDPOINT_URL"]; v == nil || *v != "http://localstack:4566" {
+			t.Errorf("%s: AWS_ENDPOINT_URL = %v, want http://localstack:4566", name, v)
+		}
+		if v := env["OTEL_EXPORTER_OTLP_ENDPOINT"]; v == nil || !strings.Contains(*v, "jaeger:4318") {
+			t.Errorf("%s: OTEL_EXPORTER_OTLP_ENDPOINT = %v, want Jaeger's OTLP/HTTP port", name, v)
+		}
+		// Docker's default 10 s would SIGKILL a drain the service allows 30 s.
+		if g := svc.StopGracePeriod; g == nil || time.Duration(*g) <= 30*time.Second {
+			t.Errorf("%s: stop_grace_period %v, want more than the services' 30 s shutdown deadline", name, g)
+		}
+	}
+	if _, ok := p.Services["notifications"].DependsOn["smsprovider"]; !ok {
+		t.Error("notifications does not wait for the SMS provider")
+	}
+	if _, ok := p.Services["payments"].DependsOn["stripe-mock"]; !ok {
+		t.Error("payments does not wait for stripe-mock")
+	}
+}
+
+func TestLocalStackInitCreatesExactlyTheQueuesOfTheDesignWithTheirDLQs(t *testing.T) {
+	b, err := os.ReadFile("../localstack/init/ready.d/10-queues.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := string(b)
+	m := regexp.MustCompile(`(?m)^for q in ([^;]+);`).FindStringSubmatch(script)
+	if m == nil || strings.Join(strings.Fields(m[1]), " ") != "payments-events rewards-events" {
+		t.Fatalf("the init script's queue loop is %q, want payments-events rewards-events", m)
+	}
+	for _, need := range []string{`--queue-name "${q}-dlq"`, `RedrivePolicy`, `MAX_RECEIVE_COUNT:-5`, `maxReceiveCount`} {
+		if !strings.Contains(script, need) {
+			t.Errorf("init script lacks %s", need)
+		}
+	}
+}
+
+func TestCheckComposeReportsEachBrokenRule(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "compose.yml")
+	broken := `
+services:
+  db:
+    image: postgres:15
+  nohealth:
+    image: busybox
+    depends_on: [db]
+  started:
+    image: busybox
+    healthcheck: { test: ["CMD", "true"] }
+    depends_on:
+      db: { condition: service_started }
+  disabled:
+    image: busybox
+    healthcheck: { disable: true }
+  badarg:
+    build: { context: ., args: { SERVICE: ./no/such/package } }
+    healthcheck: { test: ["CMD", "true"] }
+`
+	if err := os.WriteFile(path, []byte(broken), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := deploy.LoadCompose(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, err := range deploy.CheckCompose(p, "..") {
+		got = append(got, err.Error())
+	}
+	want := []string{
+		`service badarg: build arg SERVICE: "./no/such/package": no main package in ` + filepath.Join("..", "no", "such", "package"),
+		"service db: has no healthcheck",
+		"service disabled: has no healthcheck",
+		"service nohealth: has no healthcheck",
+		`service nohealth: depends on db with condition "service_started", want service_healthy`,
+		`service started: depends on db with condition "service_started", want service_healthy`,
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("CheckCompose reported\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
