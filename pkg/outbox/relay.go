@@ -60,6 +60,8 @@ type RelayConfig struct {
 	// the cleanup deletes them [24h]; CleanupInterval is how often it runs [1m].
 	KeepPublished, CleanupInterval time.Duration
 	Logger                         *slog.Logger
+	// MeterProvider receives the relay's metrics (default: the global one).
+	MeterProvider metric.MeterProvider
 }
 
 func (c *RelayConfig) defaults() {
@@ -104,7 +106,11 @@ type Relay struct {
 func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	cfg.defaults()
 	r := &Relay{pool: pool, pub: pub, cfg: cfg, log: cfg.Logger}
-	m := otel.Meter("github.com/effectively-once/payments-cashback/pkg/outbox")
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter("github.com/effectively-once/payments-cashback/pkg/outbox")
 	var err error
 	if r.published, err = m.Int64Counter("outbox_published_total", metric.WithDescription("Outbox rows published and marked.")); err != nil {
 		return nil, err
@@ -123,7 +129,28 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 		})); err != nil {
 		return nil, err
 	}
+	// Zero from the start, so rate() and alerts work before the first event.
+	r.published.Add(context.Background(), 0)
+	r.failures.Add(context.Background(), 0)
+	if _, err = m.Int64ObservableGauge("outbox_unpublished",
+		metric.WithDescription("Outbox rows committed and not yet published; alert when it keeps growing."),
+		metric.WithInt64Callback(func(ctx context.Context, o metric.Int64Observer) error {
+			n, err := r.Unpublished(ctx)
+			if err == nil {
+				o.Observe(n)
+			}
+			return nil
+		})); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// Unpublished counts the rows waiting to be published.
+func (r *Relay) Unpublished(ctx context.Context) (int64, error) {
+	var n int64
+	err := r.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n)
+	return n, err
 }
 
 // Run relays until ctx is cancelled. A batch on the wire when ctx ends is

@@ -112,6 +112,7 @@ type Subscriber struct {
 	deletes chan string
 
 	received, deleted, parked, failed metric.Int64Counter
+	duration                          metric.Float64Histogram
 	attrQueue                         attribute.KeyValue
 }
 
@@ -137,6 +138,11 @@ func NewSubscriber(client *sqs.Client, cfg SubscriberConfig, handler Handler) (*
 		if *c.dst, err = m.Int64Counter(c.name, metric.WithDescription(c.desc)); err != nil {
 			return nil, err
 		}
+	}
+	if s.duration, err = m.Float64Histogram("sqs_handler_duration_seconds", metric.WithUnit("s"),
+		metric.WithDescription("Time the handler took per message (its transaction included), by result (ok, refused, failed)."),
+		metric.WithExplicitBucketBoundaries(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -263,8 +269,17 @@ func (s *Subscriber) process(ctx context.Context, m types.Message) {
 	defer span.End()
 
 	stopHeartbeat := s.heartbeat(ctx, m.ReceiptHandle, log)
+	t0 := time.Now()
 	err = s.handler(ctx, d)
 	stopHeartbeat()
+	result := "ok"
+	if err != nil {
+		result = "failed"
+		if IsPermanent(err) {
+			result = "refused"
+		}
+	}
+	s.duration.Record(ctx, time.Since(t0).Seconds(), metric.WithAttributes(s.attrQueue, attribute.String("result", result)))
 	switch {
 	case err == nil:
 		if failpoint.Hit(failpoint.AfterCommitBeforeDelete) {
