@@ -5,6 +5,11 @@
 //
 // Where things come from, in order:
 //
+//   - Containers (testcontainers-go: postgres:15 and LocalStack) when
+//     TESTENV=containers, or when Docker is available and neither
+//     DATABASE_URL nor AWS_ENDPOINT_URL is configured (environment or
+//     .stack/env); never with TESTENV=local. Without Docker this step is
+//     skipped, saying why, and the same tests run on the servers below.
 //   - PostgreSQL: DATABASE_URL; else DATABASE_URL from .stack/env at the repo
 //     root; else a throwaway cluster (initdb + postgres from the machine's
 //     PostgreSQL binaries, in a temp dir) started once per test process.
@@ -56,8 +61,10 @@ import (
 // Main runs the tests and then stops the servers this package started
 // (throwaway PostgreSQL cluster, fauxqs, stripe-mock). Call it from TestMain.
 func Main(m *testing.M) {
+	stopContainers := startContainersForMain()
 	code := m.Run()
 	shutdown()
+	stopContainers()
 	os.Exit(code)
 }
 
