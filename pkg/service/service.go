@@ -119,13 +119,9 @@ const DefaultShutdownTimeout = 30 * time.Second
 // and the process's end stops them; everything they had not committed is
 // redelivered or reclaimed, as after a crash).
 func Run(ctx context.Context, log *slog.Logger, tasks ...Task) error {
-	deadline := DefaultShutdownTimeout
-	if v := os.Getenv("SHUTDOWN_TIMEOUT"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return fmt.Errorf("SHUTDOWN_TIMEOUT %q: want a positive duration such as 30s", v)
-		}
-		deadline = d
+	deadline, err := envDuration("SHUTDOWN_TIMEOUT", DefaultShutdownTimeout)
+	if err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -175,7 +171,10 @@ func Run(ctx context.Context, log *slog.Logger, tasks ...Task) error {
 // requests get up to 10 s) when ctx is cancelled.
 func HTTPTask(addr string, h http.Handler, log *slog.Logger) Task {
 	return Task{Name: "http " + addr, Run: func(ctx context.Context) error {
-		srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		srv, err := NewHTTPServer(addr, h)
+		if err != nil {
+			return err
+		}
 		errc := make(chan error, 1)
 		go func() { errc <- srv.ListenAndServe() }()
 		select {
@@ -190,6 +189,38 @@ func HTTPTask(addr string, h http.Handler, log *slog.Logger) Task {
 		}
 		return nil
 	}}
+}
+
+// NewHTTPServer is the http.Server of HTTPTask: bounded in every phase, so
+// a slow or stalled client (slowloris: headers or a body dribbled a byte at
+// a time) holds a connection for seconds, not forever. The read timeout
+// covers headers and body (HTTP_READ_TIMEOUT, default 15s; headers alone
+// get at most 5 s of it), the write timeout the handler and the response
+// (HTTP_WRITE_TIMEOUT, default 60s: above the slowest provider call), and
+// idle keep-alive connections close after 60 s. Headers are capped at 64 KiB.
+func NewHTTPServer(addr string, h http.Handler) (*http.Server, error) {
+	read, err := envDuration("HTTP_READ_TIMEOUT", 15*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	write, err := envDuration("HTTP_WRITE_TIMEOUT", 60*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: min(read, 5*time.Second), ReadTimeout: read,
+		WriteTimeout: write, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 64 << 10}, nil
+}
+
+func envDuration(name string, def time.Duration) (time.Duration, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s %q: want a positive duration such as 15s", name, v)
+	}
+	return d, nil
 }
 
 // ListenAddr turns a port number or address into a listen address

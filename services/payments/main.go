@@ -14,7 +14,9 @@
 // [http://127.0.0.1:12111, stripe-mock; https://api.stripe.com for real],
 // STRIPE_API_KEY [sk_test_123], STRIPE_PAYMENT_METHOD [pm_card_visa],
 // STRIPE_TIMEOUT [20s], IDEMPOTENCY_LOCK_TIMEOUT [1m], IDEMPOTENCY_KEY_TTL
-// [24h], STARTUP_WAIT [60s], LOG_LEVEL [info], FAILPOINTS, the relay's
+// [24h], STARTUP_WAIT [60s], PAYMENTS_API_KEYS (name:key,... required for
+// the api and all roles), PAYMENTS_RATE_LIMIT [1000] per PAYMENTS_RATE_WINDOW
+// [1s] per client, LOG_LEVEL [info], FAILPOINTS, the relay's
 // tuning RELAY_LEASE, RELAY_POLL_INTERVAL, ... (service.RelayEnv), and the
 // standard AWS_* variables (AWS_ENDPOINT_URL for a local SQS).
 package main
@@ -54,6 +56,11 @@ type config struct {
 	LockTimeout         time.Duration `env:"IDEMPOTENCY_LOCK_TIMEOUT" envDefault:"1m"`
 	KeyTTL              time.Duration `env:"IDEMPOTENCY_KEY_TTL" envDefault:"24h"`
 	StartupWait         time.Duration `env:"STARTUP_WAIT" envDefault:"60s"`
+	// API clients, "name:key,name:key" (keys >= 32 bytes); required for
+	// the api and all roles.
+	APIKeys    string        `env:"PAYMENTS_API_KEYS" secret:"true"`
+	RateLimit  int           `env:"PAYMENTS_RATE_LIMIT" envDefault:"1000"`
+	RateWindow time.Duration `env:"PAYMENTS_RATE_WINDOW" envDefault:"1s"`
 	// Relay tuning, RELAY_LEASE etc. (see service.RelayEnv); unset: defaults.
 	Relay service.RelayEnv `envPrefix:"RELAY_"`
 }
@@ -111,6 +118,16 @@ func loadConfig(args []string) (config, error) {
 	} else if cfg.StripeTimeout >= cfg.LockTimeout*3/4 {
 		errs = append(errs, fmt.Errorf("STRIPE_TIMEOUT (%v) must be below 3/4 of IDEMPOTENCY_LOCK_TIMEOUT (%v): a charge must end before its key's lease", cfg.StripeTimeout, cfg.LockTimeout))
 	}
+	if cfg.Role == "all" || cfg.Role == "api" {
+		if cfg.APIKeys == "" {
+			errs = append(errs, errors.New("PAYMENTS_API_KEYS is empty: the API needs at least one client, e.g. PAYMENTS_API_KEYS=web:$(openssl rand -hex 24)"))
+		} else if _, err := service.ParseAPIKeys(cfg.APIKeys); err != nil {
+			errs = append(errs, fmt.Errorf("PAYMENTS_API_KEYS: %w", err))
+		}
+	}
+	if cfg.RateLimit <= 0 || cfg.RateWindow <= 0 {
+		errs = append(errs, errors.New("PAYMENTS_RATE_LIMIT and PAYMENTS_RATE_WINDOW must be positive"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return cfg, fmt.Errorf("configuration: %w", err)
 	}
@@ -154,7 +171,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			URL: cfg.StripeURL, APIKey: cfg.StripeAPIKey, PaymentMethod: cfg.StripePaymentMethod,
 			Timeout: cfg.StripeTimeout, Logger: log,
 		})
-		srv, err := api.New(pool, keys, gw, log)
+		clients, err := service.ParseAPIKeys(cfg.APIKeys)
+		if err != nil {
+			return err
+		}
+		srv, err := api.New(pool, keys, gw, log, api.Access{Keys: clients, RateLimit: cfg.RateLimit, RateWindow: cfg.RateWindow})
 		if err != nil {
 			return err
 		}

@@ -26,8 +26,11 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+const testAPIKey = "0123456789abcdef0123456789abcdef01"
+
 func TestConfigErrorsAreClear(t *testing.T) {
-	base := map[string]string{"PAYMENTS_DATABASE_URL": "postgres://postgres@127.0.0.1:5432/payments"}
+	base := map[string]string{"PAYMENTS_DATABASE_URL": "postgres://postgres@127.0.0.1:5432/payments",
+		"PAYMENTS_API_KEYS": "web:" + testAPIKey}
 	cases := []struct {
 		name string
 		env  map[string]string
@@ -45,6 +48,12 @@ func TestConfigErrorsAreClear(t *testing.T) {
 		{"bad stripe url", map[string]string{"STRIPE_URL": "127.0.0.1:12111"}, nil, "STRIPE_URL"},
 		{"bad duration", map[string]string{"IDEMPOTENCY_LOCK_TIMEOUT": "soon"}, nil, "IDEMPOTENCY_LOCK_TIMEOUT"},
 		{"stripe timeout over the lease", map[string]string{"STRIPE_TIMEOUT": "1m"}, nil, "STRIPE_TIMEOUT (1m0s) must be below"},
+		{"no API keys for the API", map[string]string{"PAYMENTS_API_KEYS": ""}, nil, "PAYMENTS_API_KEYS is empty"},
+		{"no API keys needed by the relay", map[string]string{"PAYMENTS_API_KEYS": ""}, []string{"relay"}, ""},
+		{"short API key", map[string]string{"PAYMENTS_API_KEYS": "web:short"}, nil, "key shorter than 32 bytes"},
+		{"API key without a client name", map[string]string{"PAYMENTS_API_KEYS": testAPIKey}, nil, "want name:key"},
+		{"a client twice", map[string]string{"PAYMENTS_API_KEYS": "web:" + testAPIKey + ",web:" + testAPIKey + "2"}, nil, `client "web" listed twice`},
+		{"zero rate limit", map[string]string{"PAYMENTS_RATE_LIMIT": "0"}, nil, "PAYMENTS_RATE_LIMIT"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -100,6 +109,7 @@ func (s *stack) config(t *testing.T, role string) config {
 		Queue: path.Base(s.queueURL), StripeURL: s.stripe, StripeAPIKey: "sk_test_123",
 		StripePaymentMethod: "pm_card_visa", StripeTimeout: 5 * time.Second, LockTimeout: time.Minute,
 		KeyTTL: 24 * time.Hour, StartupWait: 20 * time.Second,
+		APIKeys: "web:" + testAPIKey, RateLimit: 1000, RateWindow: time.Second,
 	}
 }
 
@@ -153,6 +163,7 @@ func createPayment(t *testing.T, base, key string) string {
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/payments",
 		strings.NewReader(`{"user_id":"u_17","amount_paise":120000,"currency":"INR","method":"upi"}`))
 	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Authorization", "Bearer "+testAPIKey)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

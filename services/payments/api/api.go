@@ -31,6 +31,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
@@ -56,19 +57,33 @@ type Gateway interface {
 	Refund(ctx context.Context, paymentID, intentID string) (refundID string, err error)
 }
 
+// Access says who may call the API and how often.
+type Access struct {
+	// Keys are the clients' API keys (Authorization: Bearer <key>).
+	Keys service.APIKeys
+	// RateLimit requests per RateWindow per client; more get 429.
+	RateLimit  int
+	RateWindow time.Duration
+}
+
 // Server serves the API.
 type Server struct {
-	pool *pgxpool.Pool
-	keys *httpidem.Store
-	gw   Gateway
-	log  *slog.Logger
+	pool   *pgxpool.Pool
+	keys   *httpidem.Store
+	gw     Gateway
+	log    *slog.Logger
+	access Access
 
 	created, refunded metric.Int64Counter
 }
 
-// New returns the API on pool (migrated), keys and gw.
-func New(pool *pgxpool.Pool, keys *httpidem.Store, gw Gateway, log *slog.Logger) (*Server, error) {
-	s := &Server{pool: pool, keys: keys, gw: gw, log: log}
+// New returns the API on pool (migrated), keys and gw, open to the clients
+// of access.
+func New(pool *pgxpool.Pool, keys *httpidem.Store, gw Gateway, log *slog.Logger, access Access) (*Server, error) {
+	if access.RateLimit <= 0 || access.RateWindow <= 0 {
+		return nil, errors.New("api: RateLimit and RateWindow must be positive")
+	}
+	s := &Server{pool: pool, keys: keys, gw: gw, log: log, access: access}
 	m := otel.Meter("github.com/effectively-once/payments-cashback/services/payments")
 	var err error
 	if s.created, err = m.Int64Counter("payments_created_total", metric.WithDescription("Payments committed as SUCCEEDED.")); err != nil {
@@ -80,13 +95,24 @@ func New(pool *pgxpool.Pool, keys *httpidem.Store, gw Gateway, log *slog.Logger)
 	return s, nil
 }
 
-// Routes adds the API's routes to r (a service.NewRouter).
+// Routes adds the API's routes to r (a service.NewRouter). Every route
+// needs a client's API key and counts against that client's rate limit;
+// both are checked before anything is read or written. The router's server
+// span (service.NewRouter) carries the caller's trace into the outbox row's
+// traceparent, and from there to SQS.
 func (s *Server) Routes(r chi.Router) {
-	// The router's server span (service.NewRouter) carries the caller's
-	// trace into the outbox row's traceparent, and from there to SQS.
-	r.With(httpidem.RequireKey).Post("/v1/payments", s.create)
-	r.Get("/v1/payments/{id}", s.get)
-	r.With(httpidem.RequireKey).Post("/v1/payments/{id}/refund", s.refund)
+	r.Group(func(r chi.Router) {
+		r.Use(service.RequireAPIKey(s.access.Keys), service.RateLimitPerClient(s.access.RateLimit, s.access.RateWindow))
+		r.With(httpidem.RequireKey).Post("/v1/payments", s.create)
+		r.Get("/v1/payments/{id}", s.get)
+		r.With(httpidem.RequireKey).Post("/v1/payments/{id}/refund", s.refund)
+	})
+}
+
+// scope is an idempotency key's scope: the client and the endpoint, so one
+// client's key can never replay another client's response.
+func scope(r *http.Request, endpoint string) string {
+	return service.ClientOf(r.Context()) + " " + endpoint
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -96,7 +122,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.keys.Handle(w, r, httpidem.Request{
-		Scope:         "POST /v1/payments",
+		Scope:         scope(r, "POST /v1/payments"),
 		Fingerprint:   req,
 		NewResourceID: store.NewID, // the payment id, recorded with the key before Stripe is called
 	}, func(ctx context.Context, a *httpidem.Attempt) error {
@@ -169,7 +195,7 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.keys.Handle(w, r, httpidem.Request{
-		Scope:       "POST /v1/payments/" + id + "/refund",
+		Scope:       scope(r, "POST /v1/payments/"+id+"/refund"),
 		Fingerprint: req,
 	}, func(ctx context.Context, a *httpidem.Attempt) error {
 		return s.refundPayment(ctx, a, id)

@@ -259,7 +259,7 @@ func TestCrashAfterChargeBeforeCommitRetryReusesTheStripeKey(t *testing.T) {
 	var paymentID string
 	var unfinished, locked bool
 	if err := e.pool.QueryRow(context.Background(), `SELECT resource_id, response_code IS NULL, locked_at IS NOT NULL
-		FROM idempotency_keys WHERE scope = 'POST /v1/payments' AND key = 'k-1'`).Scan(&paymentID, &unfinished, &locked); err != nil {
+		FROM idempotency_keys WHERE scope = 'web POST /v1/payments' AND key = 'k-1'`).Scan(&paymentID, &unfinished, &locked); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(paymentID, "pay_") || !unfinished || !locked {

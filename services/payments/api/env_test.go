@@ -111,6 +111,14 @@ type env struct {
 
 func newEnv(t *testing.T, lockTimeout time.Duration) *env {
 	t.Helper()
+	return newEnvWith(t, lockTimeout, 10000, nil)
+}
+
+// newEnvWith is newEnv with a rate limit per second per client and, if
+// serve is not nil, served by serve (which returns the base URL) instead of
+// httptest.
+func newEnvWith(t *testing.T, lockTimeout time.Duration, ratePerSecond int, serve func(http.Handler) string) *env {
+	t.Helper()
 	ctx := context.Background()
 	pool := testenv.DB(t)
 	if err := migrations.Up(ctx, pool); err != nil {
@@ -123,16 +131,29 @@ func newEnv(t *testing.T, lockTimeout time.Duration) *env {
 	}
 	// No stripe-go retries: every call the proxy sees is one the service made.
 	gw := provider.NewStripe(provider.Config{URL: proxy.URL, APIKey: "sk_test_123", MaxRetries: -1, Logger: quiet})
-	srv, err := api.New(pool, keys, gw, quiet)
+	clients, err := service.ParseAPIKeys("web:" + webKey + ",ops:" + opsKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := api.New(pool, keys, gw, quiet, api.Access{Keys: clients, RateLimit: ratePerSecond, RateWindow: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	router := service.NewRouter(quiet, nil, nil)
 	srv.Routes(router)
+	if serve != nil {
+		return &env{t: t, pool: pool, stripe: proxy, url: serve(router), client: http.DefaultClient}
+	}
 	hs := httptest.NewServer(router)
 	t.Cleanup(hs.Close)
 	return &env{t: t, pool: pool, stripe: proxy, url: hs.URL, client: hs.Client()}
 }
+
+// The test clients' API keys; requests go as "web" unless they say.
+const (
+	webKey = "web-0123456789abcdef0123456789abcdef"
+	opsKey = "ops-0123456789abcdef0123456789abcdef"
+)
 
 type response struct {
 	status int
@@ -165,6 +186,7 @@ func (e *env) try(client *http.Client, method, path, key, body string) (response
 		return response{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+webKey)
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}

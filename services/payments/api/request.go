@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
-	"unicode"
 
 	"github.com/effectively-once/payments-cashback/pkg/service"
 )
@@ -80,8 +82,8 @@ func parseCreate(w http.ResponseWriter, r *http.Request) (NewPayment, *requestEr
 		return NewPayment{}, invalid("method", "method is required")
 	}
 	p := NewPayment{UserID: *req.UserID, AmountPaise: *req.AmountPaise, Currency: *req.Currency, Method: *req.Method}
-	if p.UserID == "" || len(p.UserID) > maxUserIDLen || strings.IndexFunc(p.UserID, notVisible) >= 0 {
-		return NewPayment{}, invalid("user_id", "user_id must be 1 to %d visible characters, no spaces", maxUserIDLen)
+	if !userID.MatchString(p.UserID) {
+		return NewPayment{}, invalid("user_id", "user_id must be 1 to %d of A-Z a-z 0-9 _ . : @ -", maxUserIDLen)
 	}
 	if p.AmountPaise <= 0 {
 		return NewPayment{}, invalid("amount_paise", "amount_paise must be a positive integer number of paise, got %d", p.AmountPaise)
@@ -99,7 +101,10 @@ func parseCreate(w http.ResponseWriter, r *http.Request) (NewPayment, *requestEr
 	return p, nil
 }
 
-func notVisible(r rune) bool { return !unicode.IsGraphic(r) || unicode.IsSpace(r) }
+// userID is an allowlist, not a blocklist: ASCII only, so no homoglyphs
+// (Cyrillic "а" for "a"), no invisible or bidi-control characters, no
+// quotes or spaces, and no U+FFFD standing in for invalid UTF-8.
+var userID = regexp.MustCompile(`^[A-Za-z0-9_.:@-]{1,` + strconv.Itoa(maxUserIDLen) + `}$`)
 
 // refundRequest is the body of POST /v1/payments/{id}/refund: a refund is
 // always of the full amount, so it has no fields. The body may be empty.
@@ -122,6 +127,10 @@ func decodeBody(w http.ResponseWriter, r *http.Request, dst any, allowEmpty bool
 			return &requestError{http.StatusRequestEntityTooLarge, "body_too_large", "body",
 				fmt.Sprintf("the request body exceeds %d bytes", MaxBodyBytes)}
 		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return &requestError{http.StatusRequestTimeout, "request_timeout", "body", "the request body did not arrive in time"}
+		}
 		return &requestError{http.StatusBadRequest, "malformed_json", "body", "could not read the request body"}
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
@@ -137,6 +146,11 @@ func decodeBody(w http.ResponseWriter, r *http.Request, dst any, allowEmpty bool
 	}
 	if fields == nil {
 		return &requestError{http.StatusBadRequest, "malformed_json", "body", "the request body must be a JSON object, not null"}
+	}
+	if name, dup := duplicateField(body); dup {
+		// encoding/json keeps the last value silently; a client (or a proxy
+		// in the middle) may have meant the first.
+		return &requestError{http.StatusBadRequest, "duplicate_field", name, fmt.Sprintf("field %q appears more than once", name)}
 	}
 	known := jsonFields(dst)
 	for name := range fields {
@@ -163,6 +177,32 @@ func strictDecode(body []byte, dst any) error {
 }
 
 var errTrailing = errors.New("trailing data after the JSON object")
+
+// duplicateField reports the first top-level field name of the JSON object
+// body that appears twice. body is known to be one well-formed object.
+func duplicateField(body []byte) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if _, err := dec.Token(); err != nil { // {
+		return "", false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		name, _ := tok.(string)
+		if seen[name] {
+			return name, true
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return "", false
+		}
+	}
+	return "", false
+}
 
 func jsonError(err error) *requestError {
 	var typeErr *json.UnmarshalTypeError
