@@ -92,6 +92,7 @@ func do(t testing.TB, method, url string, headers map[string]string, body any) (
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	authorize(req)
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
@@ -105,6 +106,13 @@ func do(t testing.TB, method, url string, headers map[string]string, body any) (
 		t.Fatalf("%s %s: reading the answer: %v", method, url, err)
 	}
 	return resp.StatusCode, resp.Header, b
+}
+
+// authorize adds the stack's API key to a request for the payments API.
+func authorize(req *http.Request) {
+	if s.apiKey != "" && strings.HasPrefix(req.URL.String(), s.paymentsURL) {
+		req.Header.Set("Authorization", "Bearer "+s.apiKey)
+	}
 }
 
 func decode[T any](t testing.TB, b []byte) T {

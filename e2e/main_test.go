@@ -60,6 +60,7 @@ type suite struct {
 	payQ, payDLQ        string // queue URLs
 	rewQ, rewDLQ        string
 
+	apiKey     string // the payments API's key for this suite (Authorization: Bearer)
 	redriveBin string
 	run        string // unique per suite run: user and payment ids carry it
 
@@ -67,6 +68,10 @@ type suite struct {
 }
 
 var s suite
+
+// ComposeAPIKey is the dev client's key in docker-compose.yml (a demo
+// value, never a production one).
+const ComposeAPIKey = "dev-compose-demo-key-0123456789abcdef"
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -131,6 +136,7 @@ func setup(m *testing.M) (code int, err error) {
 		defer s.local.Close()
 		fmt.Printf("e2e: local stack up in %v (logs in %s)\n", time.Since(t0).Round(time.Millisecond), filepath.Dir(s.local.LogPath("payments")))
 		s.paymentsURL, s.rewardsURL = s.local.URL(stack.Payments), s.local.URL(stack.Rewards)
+		s.apiKey = s.local.APIKey()
 		s.notificationsURL, s.smsURL = s.local.URL(stack.Notifications), s.local.URL(stack.SMSProvider)
 	case "compose", "external":
 		// The services of docker-compose.yml, on their published ports.
@@ -144,6 +150,7 @@ func setup(m *testing.M) (code int, err error) {
 			"REWARDS_URL":                "http://127.0.0.1:8082",
 			"NOTIFICATIONS_URL":          "http://127.0.0.1:8083",
 			"SMS_PROVIDER_URL":           "http://127.0.0.1:8090",
+			"PAYMENTS_API_KEY":           ComposeAPIKey,
 		} {
 			s.env[k] = def
 			if v := os.Getenv(k); v != "" {
@@ -151,6 +158,7 @@ func setup(m *testing.M) (code int, err error) {
 			}
 		}
 		s.paymentsURL, s.rewardsURL = s.env["PAYMENTS_URL"], s.env["REWARDS_URL"]
+		s.apiKey = s.env["PAYMENTS_API_KEY"]
 		s.notificationsURL, s.smsURL = s.env["NOTIFICATIONS_URL"], s.env["SMS_PROVIDER_URL"]
 		for _, u := range []string{s.paymentsURL, s.rewardsURL, s.notificationsURL} {
 			if err := readyz(ctx, u+"/readyz"); err != nil {

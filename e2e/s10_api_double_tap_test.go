@@ -87,6 +87,7 @@ func TestTwentyConcurrentRequestsWithOneIdempotencyKeyMakeOnePaymentOneChargeOne
 		wg.Go(func() {
 			<-start
 			req, _ := http.NewRequest(http.MethodPost, s.paymentsURL+"/v1/payments", bytes.NewReader(body))
+			authorize(req)
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Idempotency-Key", key)
 			resp, err := client.Do(req)

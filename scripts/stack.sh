@@ -381,6 +381,13 @@ cmd_infra_up() {
 	(cd "$ROOT" && AWS_ENDPOINT_URL=$sqs_url AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test \
 		go run ./cmd/queues >/dev/null) || die "creating the queues failed (go run ./cmd/queues)"
 
+	# The payments API's dev client key: made once per stack, kept in
+	# .stack/api-key so restarted services and clients agree on it.
+	local api_key
+	if [[ ! -s $STACK/api-key ]]; then
+		(umask 077 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$STACK/api-key")
+	fi
+	api_key=$(<"$STACK/api-key")
 	local tmp=$STACK/env.tmp
 	{
 		echo "# Written by scripts/stack.sh infra-up; removed by down. Load it with: . .stack/env"
@@ -393,6 +400,10 @@ cmd_infra_up() {
 		env_line AWS_ACCESS_KEY_ID test
 		env_line AWS_SECRET_ACCESS_KEY test
 		env_line STRIPE_URL "http://127.0.0.1:$STRIPE_MOCK_PORT"
+		# Clients send Authorization: Bearer $PAYMENTS_API_KEY; the service
+		# knows its clients from PAYMENTS_API_KEYS (name:key,...).
+		env_line PAYMENTS_API_KEY "$api_key"
+		env_line PAYMENTS_API_KEYS "dev:$api_key"
 		# The services are started elsewhere; these are where they will be.
 		env_line PAYMENTS_URL "http://127.0.0.1:${PAYMENTS_PORT:-8081}"
 		env_line REWARDS_URL "http://127.0.0.1:${REWARDS_PORT:-8082}"

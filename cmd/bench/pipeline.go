@@ -52,7 +52,7 @@ type serviceRSS struct {
 type pipeline struct {
 	local                  *stack.Local
 	payments, rewards, nfs *pgxpool.Pool
-	paymentsURL            string
+	paymentsURL, apiKey    string
 	run                    string
 	http                   *http.Client
 	seq                    atomic.Int64
@@ -173,7 +173,7 @@ func startPipeline(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options) (*pipe
 	}
 	cleanups = append(cleanups, func() { _ = l.Close() })
 	p.local = l
-	p.paymentsURL = l.URL(stack.Payments)
+	p.paymentsURL, p.apiKey = l.URL(stack.Payments), l.APIKey()
 	return p, closeAll, nil
 }
 
@@ -233,6 +233,7 @@ func (p *pipeline) pay(ctx context.Context) (string, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", fmt.Sprintf("bench-%s-%d", p.run, i))
+	req.Header.Set("Authorization", "Bearer "+p.apiKey)
 	resp, err := p.http.Do(req)
 	if err != nil {
 		return "", err

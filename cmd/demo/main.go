@@ -173,6 +173,7 @@ func (d *demo) story(ctx context.Context) (*result, error) {
 	r := &result{key: fmt.Sprintf("demo-%d", time.Now().Unix())}
 	payments, rewards, notifications, provider := d.l.URL(stack.Payments), d.l.URL(stack.Rewards),
 		d.l.URL(stack.Notifications), d.l.URL(stack.SMSProvider)
+	paymentsAPI.url, paymentsAPI.key = payments, d.l.APIKey()
 
 	before, err := d.metrics(ctx)
 	if err != nil {
@@ -381,13 +382,14 @@ func printTry(w io.Writer, l *stack.Local, r *result) {
 	body := fmt.Sprintf(`{"user_id":%q,"amount_paise":50000,"currency":"INR","method":"upi"}`, userID)
 	other := fmt.Sprintf(`{"user_id":%q,"amount_paise":60000,"currency":"INR","method":"upi"}`, userID)
 	post := func(path, key, body string) string {
-		s := fmt.Sprintf("curl -si -X POST %s%s -H 'Idempotency-Key: %s'", p, path, key)
+		s := fmt.Sprintf(`curl -si -X POST %s%s -H "Authorization: Bearer $PAYMENTS_API_KEY" -H 'Idempotency-Key: %s'`, p, path, key)
 		if body != "" {
 			s += " -H 'Content-Type: application/json' -d '" + body + "'"
 		}
 		return s
 	}
 	fmt.Fprintf(w, `The stack stays up for exploring; Ctrl-C stops everything this run started.
+In another shell, first: . .stack/env   (the endpoints, and PAYMENTS_API_KEY for the payments API)
 
   # a payment of ₹500 (201; ₹10 cashback and an SMS follow)
   %s
@@ -571,6 +573,9 @@ func getJSON(ctx context.Context, u string, out any) (int, error) {
 	return code, err
 }
 
+// paymentsAPI is where the payments API is and the key it wants.
+var paymentsAPI struct{ url, key string }
+
 func doJSON(ctx context.Context, method, u string, headers map[string]string, body string, out any) (int, error) {
 	var rd io.Reader
 	if body != "" {
@@ -582,6 +587,9 @@ func doJSON(ctx context.Context, method, u string, headers map[string]string, bo
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if paymentsAPI.key != "" && strings.HasPrefix(u, paymentsAPI.url) {
+		req.Header.Set("Authorization", "Bearer "+paymentsAPI.key)
 	}
 	for k, v := range headers {
 		req.Header.Set(k, v)

@@ -21,6 +21,7 @@ package stack
 
 import (
 	"bufio"
+	"crypto/rand"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -28,6 +29,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -141,6 +143,11 @@ func parseEnv(path string, b []byte) (map[string]string, error) {
 	}
 	return env, nil
 }
+
+// APIKey is the key clients of this stack's payments API send
+// (Authorization: Bearer), from .stack/env's PAYMENTS_API_KEY or made by
+// StartLocal.
+func (l *Local) APIKey() string { return l.env["PAYMENTS_API_KEY"] }
 
 // Options configure StartLocal.
 type Options struct {
@@ -299,6 +306,14 @@ func StartLocal(ctx context.Context, o Options) (*Local, error) {
 	}
 	if err := os.MkdirAll(o.LogDir, 0o755); err != nil {
 		return nil, fmt.Errorf("stack: %w", err)
+	}
+	if o.Env["PAYMENTS_API_KEYS"] == "" {
+		// A stack from before API keys, or a test's own environment: one
+		// client, "dev", with a fresh key (copy: the caller's map stays).
+		env := maps.Clone(o.Env)
+		key := rand.Text() + rand.Text()
+		env["PAYMENTS_API_KEYS"], env["PAYMENTS_API_KEY"] = "dev:"+key, key
+		o.Env = env
 	}
 	l := &Local{root: o.Root, binDir: filepath.Join(o.Root, "bin"), logDir: o.LogDir, env: o.Env,
 		ready: o.Ready, procs: map[string]*proc{}}
