@@ -9,7 +9,7 @@ TEST_FLAGS ?= -race -count=1
 E2E_FLAGS  ?= -count=1 -timeout 20m
 
 .DEFAULT_GOAL := help
-.PHONY: help deps infra down test e2e demo demo-check bench clean distclean
+.PHONY: help deps infra down test fuzz e2e demo demo-check bench clean distclean
 
 ## help: list the targets
 help:
@@ -33,7 +33,17 @@ down:
 ## even when tests fail (the exit status is go test's); one already up from
 ## `make infra` is reused and left running.
 test: deps
-	$(STACK) with sh -c '$(GO) test $(TEST_FLAGS) $(PKGS) && $(GO) test $(E2E_FLAGS) ./e2e/...'
+	$(STACK) with sh -c '$(GO) test $(TEST_FLAGS) $(PKGS) && $(MAKE) --no-print-directory fuzz && $(GO) test $(E2E_FLAGS) ./e2e/...'
+
+## fuzz: each fuzz target for FUZZTIME (default 8s; make test runs this):
+## the envelope decoder and each consumer's payload decoding
+FUZZTIME    ?= 8s
+FUZZ_TARGETS = ./pkg/events:FuzzDecode ./services/rewards/cashback:FuzzDecodePayment ./services/notifications/intent:FuzzBuild
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz: $${t#*:} in $${t%%:*} for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
+	done
 
 ## e2e: the duplicate / redrive / race / crash suite (e2e/), black-box against
 ## the four services it builds and starts on the local stack, stopped again
