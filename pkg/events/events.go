@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -99,7 +100,7 @@ type wire struct {
 }
 
 // Decode parses and validates an SQS body. It rejects, with a *DecodeError
-// naming the field: bodies over MaxBodyBytes, malformed JSON, unknown
+// naming the field: bodies over MaxBodyBytes or not UTF-8, malformed JSON, unknown
 // top-level fields, a missing or non-UUIDv7 event_id, missing event_type or
 // aggregate_id, a negative aggregate_version, an occurred_at that is not
 // RFC 3339, and a payload that is not a JSON object. It does not judge the
@@ -107,6 +108,10 @@ type wire struct {
 func Decode(body []byte) (Envelope, error) {
 	if len(body) > MaxBodyBytes {
 		return Envelope{}, &DecodeError{"body", fmt.Sprintf("%d bytes exceeds the %d byte limit", len(body), MaxBodyBytes)}
+	}
+	if !utf8.Valid(body) {
+		// encoding/json would quietly turn the bad bytes into U+FFFD.
+		return Envelope{}, &DecodeError{"body", "not valid UTF-8"}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

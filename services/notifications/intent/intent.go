@@ -70,6 +70,13 @@ func Build(e events.Envelope) (Intent, error) {
 	if to == "" {
 		return Intent{}, sqstransport.Permanent(fmt.Errorf("%s payload: no recipient nor user_id", e.EventType))
 	}
+	if !events.ValidPhone(to) && !events.ValidID(to) {
+		// The value stays out of the error: it may be a malformed number.
+		return Intent{}, sqstransport.Permanent(fmt.Errorf("%s payload: recipient is neither an E.164 number nor a user id", e.EventType))
+	}
+	if !events.ValidID(p.PaymentID) {
+		return Intent{}, sqstransport.Permanent(fmt.Errorf("%s payload: payment_id is not an id", e.EventType))
+	}
 	in := Intent{EventID: e.EventID, EventType: e.EventType, Recipient: to}
 	switch e.EventType {
 	case events.CashbackCredited:

@@ -9,10 +9,9 @@ import (
 	"net"
 	"net/http"
 	"reflect"
-	"regexp"
-	"strconv"
 	"strings"
 
+	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 )
 
@@ -20,7 +19,7 @@ import (
 const (
 	MaxBodyBytes   = 64 << 10
 	MaxAmountPaise = 99_999_999 // ₹999,999.99: Stripe's largest amount for INR (8 digits)
-	maxUserIDLen   = 128
+	maxUserIDLen   = events.MaxIDLength // user ids are checked by events.ValidID: an ASCII allowlist
 )
 
 // Currencies the service accepts. Amounts are in paise, so INR only.
@@ -82,7 +81,7 @@ func parseCreate(w http.ResponseWriter, r *http.Request) (NewPayment, *requestEr
 		return NewPayment{}, invalid("method", "method is required")
 	}
 	p := NewPayment{UserID: *req.UserID, AmountPaise: *req.AmountPaise, Currency: *req.Currency, Method: *req.Method}
-	if !userID.MatchString(p.UserID) {
+	if !events.ValidID(p.UserID) {
 		return NewPayment{}, invalid("user_id", "user_id must be 1 to %d of A-Z a-z 0-9 _ . : @ -", maxUserIDLen)
 	}
 	if p.AmountPaise <= 0 {
@@ -101,10 +100,6 @@ func parseCreate(w http.ResponseWriter, r *http.Request) (NewPayment, *requestEr
 	return p, nil
 }
 
-// userID is an allowlist, not a blocklist: ASCII only, so no homoglyphs
-// (Cyrillic "а" for "a"), no invisible or bidi-control characters, no
-// quotes or spaces, and no U+FFFD standing in for invalid UTF-8.
-var userID = regexp.MustCompile(`^[A-Za-z0-9_.:@-]{1,` + strconv.Itoa(maxUserIDLen) + `}$`)
 
 // refundRequest is the body of POST /v1/payments/{id}/refund: a refund is
 // always of the full amount, so it has no fields. The body may be empty.

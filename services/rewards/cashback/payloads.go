@@ -67,6 +67,12 @@ func decodePayment(e events.Envelope, needAmount bool) (PaymentPayload, error) {
 		p.PaymentID = e.AggregateID
 	}
 	switch {
+	case !events.ValidID(p.PaymentID):
+		return p, fmt.Errorf("%s payload: payment_id %q is not an id (1-%d of A-Z a-z 0-9 _ . : @ -)", e.EventType, clip(p.PaymentID), events.MaxIDLength)
+	case p.UserID != "" && !events.ValidID(p.UserID):
+		return p, fmt.Errorf("%s payload: user_id %q is not an id (1-%d of A-Z a-z 0-9 _ . : @ -)", e.EventType, clip(p.UserID), events.MaxIDLength)
+	case p.Phone != "" && !events.ValidPhone(p.Phone):
+		return p, fmt.Errorf("%s payload: phone is not an E.164 number", e.EventType) // the number itself stays out of logs
 	case p.PaymentID != e.AggregateID:
 		return p, fmt.Errorf("%s payload: payment_id %q differs from aggregate_id %q", e.EventType, p.PaymentID, e.AggregateID)
 	case needAmount && p.UserID == "":
@@ -77,6 +83,15 @@ func decodePayment(e events.Envelope, needAmount bool) (PaymentPayload, error) {
 		return p, fmt.Errorf("%s payload: currency %q: cashback is only paid on %s", e.EventType, p.Currency, Currency)
 	}
 	return p, nil
+}
+
+// clip shortens a refused value for an error message (errors are logged and
+// travel as the DLQ park_reason).
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
 }
 
 func (p PaymentPayload) recipient() string {
