@@ -113,6 +113,10 @@ func Decode(body []byte) (Envelope, error) {
 		// encoding/json would quietly turn the bad bytes into U+FFFD.
 		return Envelope{}, &DecodeError{"body", "not valid UTF-8"}
 	}
+	if name, dup := DuplicateField(body); dup {
+		// encoding/json would keep the last one: which event_id is meant?
+		return Envelope{}, &DecodeError{name, "appears more than once"}
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	var w wire
@@ -156,6 +160,33 @@ func Decode(body []byte) (Envelope, error) {
 		return Envelope{}, err
 	}
 	return e, nil
+}
+
+// DuplicateField reports the first top-level field name that appears more
+// than once in the JSON object body (encoding/json silently keeps the last
+// value). It reports nothing for a body that is not a well-formed object.
+func DuplicateField(body []byte) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return "", false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		name, _ := tok.(string)
+		if seen[name] {
+			return name, true
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return "", false
+		}
+	}
+	return "", false
 }
 
 func wireError(err error) error {

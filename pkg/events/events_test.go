@@ -123,3 +123,28 @@ func TestHashIgnoresWhitespaceButNotContent(t *testing.T) {
 		t.Fatal("a different version has the same hash")
 	}
 }
+
+func TestDecodeRefusesDuplicateFieldsAndBytesThatAreNotUTF8(t *testing.T) {
+	e, err := New(PaymentSucceeded, "pay_42", 1, map[string]any{"user_id": "u_17"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.Marshal()
+	other := "01938f6e-0000-7000-8000-000000000001"
+	for _, c := range []struct {
+		name, body, field string
+	}{
+		{"two event ids", strings.Replace(string(b), `"event_id":`, `"event_id":"`+other+`","event_id":`, 1), "event_id"},
+		{"two payloads", strings.Replace(string(b), `"payload":`, `"payload":{},"payload":`, 1), "payload"},
+		{"invalid UTF-8", strings.Replace(string(b), "pay_42", "pay_\xff42", 1), "body"},
+	} {
+		_, err := Decode([]byte(c.body))
+		var de *DecodeError
+		if !errors.As(err, &de) || de.Field != c.field {
+			t.Errorf("%s: Decode = %v, want a DecodeError on %s", c.name, err, c.field)
+		}
+	}
+	if _, dup := DuplicateField([]byte(`{"a":{"b":1,"b":2},"c":[1,1]}`)); dup {
+		t.Error("DuplicateField looked inside nested values")
+	}
+}

@@ -18,7 +18,7 @@ import (
 // Limits of the request bodies.
 const (
 	MaxBodyBytes   = 64 << 10
-	MaxAmountPaise = 99_999_999 // ₹999,999.99: Stripe's largest amount for INR (8 digits)
+	MaxAmountPaise = 99_999_999         // ₹999,999.99: Stripe's largest amount for INR (8 digits)
 	maxUserIDLen   = events.MaxIDLength // user ids are checked by events.ValidID: an ASCII allowlist
 )
 
@@ -100,7 +100,6 @@ func parseCreate(w http.ResponseWriter, r *http.Request) (NewPayment, *requestEr
 	return p, nil
 }
 
-
 // refundRequest is the body of POST /v1/payments/{id}/refund: a refund is
 // always of the full amount, so it has no fields. The body may be empty.
 type refundRequest struct{}
@@ -142,7 +141,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, dst any, allowEmpty bool
 	if fields == nil {
 		return &requestError{http.StatusBadRequest, "malformed_json", "body", "the request body must be a JSON object, not null"}
 	}
-	if name, dup := duplicateField(body); dup {
+	if name, dup := events.DuplicateField(body); dup {
 		// encoding/json keeps the last value silently; a client (or a proxy
 		// in the middle) may have meant the first.
 		return &requestError{http.StatusBadRequest, "duplicate_field", name, fmt.Sprintf("field %q appears more than once", name)}
@@ -172,32 +171,6 @@ func strictDecode(body []byte, dst any) error {
 }
 
 var errTrailing = errors.New("trailing data after the JSON object")
-
-// duplicateField reports the first top-level field name of the JSON object
-// body that appears twice. body is known to be one well-formed object.
-func duplicateField(body []byte) (string, bool) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if _, err := dec.Token(); err != nil { // {
-		return "", false
-	}
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return "", false
-		}
-		name, _ := tok.(string)
-		if seen[name] {
-			return name, true
-		}
-		seen[name] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return "", false
-		}
-	}
-	return "", false
-}
 
 func jsonError(err error) *requestError {
 	var typeErr *json.UnmarshalTypeError
