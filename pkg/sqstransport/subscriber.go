@@ -363,11 +363,32 @@ func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind
 	if body == "" {
 		body = "(empty body)" // SQS refuses empty bodies; the reason says what happened
 	}
+	if size := len(body) + attributesSize(attrs); size > MaxMessageBytes {
+		// SQS counts attributes in the 256 KiB limit: a body near it leaves
+		// no room for the reason. Park the body intact; the reason is logged
+		// with the message id, for the operator to correlate.
+		s.log.Error("parking without attributes: body and reason exceed the SQS message size",
+			"sqs_message_id", d.MessageID, "park_reason", kind+": "+reason, "bytes", size)
+		attrs = nil
+	}
 	if _, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: &s.cfg.DLQURL, MessageBody: &body, MessageAttributes: attrs}); err != nil {
 		s.log.Error("parking in the DLQ failed: message left in the queue", "error", err, "sqs_message_id", d.MessageID)
 		return
 	}
 	s.deletes <- aws.ToString(m.ReceiptHandle)
+}
+
+// MaxMessageBytes is SQS's limit on a message: its body and attributes.
+const MaxMessageBytes = 256 * 1024
+
+// attributesSize is what SQS counts of message attributes: each one's name,
+// data type and value.
+func attributesSize(attrs map[string]types.MessageAttributeValue) int {
+	n := 0
+	for k, v := range attrs {
+		n += len(k) + len(aws.ToString(v.DataType)) + len(aws.ToString(v.StringValue)) + len(v.BinaryValue)
+	}
+	return n
 }
 
 // deleter batches deletes: up to 10 receipts per DeleteMessageBatch, sent
