@@ -211,3 +211,17 @@ func TestTraceExporterIsChosenByTheStandardVariablesAndIsNoneWhenUnset(t *testin
 		})
 	}
 }
+
+func TestMaskPhoneKeepsTheCountryCodeAndLastFourDigitsOnly(t *testing.T) {
+	for in, want := range map[string]string{
+		"+919876543210": "+91******3210",
+		"+14155552671":  "+14*****2671",
+		"u_17":          "u_17",
+		"+91 98765":     "+91 98765", // not a number: not a phone, left alone
+		"+1234":         "+1234",
+	} {
+		if got := service.MaskPhone(in); got != want {
+			t.Errorf("MaskPhone(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

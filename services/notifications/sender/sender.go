@@ -54,6 +54,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/notifications/sms"
 )
 
@@ -190,14 +191,14 @@ func (s *Sender) Run(ctx context.Context) error {
 	defer timer.Stop()
 	for {
 		if _, err := s.ReconcileOnce(ctx); err != nil && ctx.Err() == nil {
-			s.log.Error("notifications reconcile failed", "error", err)
+			s.log.ErrorContext(ctx, "notifications reconcile failed", "error", err)
 		}
 		n, err := s.SendOnce(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
-			s.log.Error("notifications send pass failed", "error", err)
+			s.log.ErrorContext(ctx, "notifications send pass failed", "error", err)
 		}
 		if err == nil && n == s.cfg.Concurrency {
 			continue // a full batch: probably more due
@@ -284,7 +285,8 @@ func (s *Sender) send(ctx context.Context, r row) {
 		// The row stays SENDING until the reconciler's lease check.
 		return
 	}
-	log := s.log.With("notification_id", r.ID, "event_id", r.EventID, "idempotency_key", r.Key, "attempt", r.Attempts)
+	log := s.log.With("notification_id", r.ID, "event_id", r.EventID, "idempotency_key", r.Key, "attempt", r.Attempts,
+		"to", service.MaskPhone(r.Recipient))
 	if err == nil {
 		s.calls.Add(ctx, 1, metric.WithAttributes(attribute.String("result", "accepted")))
 		s.markSent(ctx, r, receipt.MessageID, log)
@@ -294,13 +296,13 @@ func (s *Sender) send(ctx context.Context, r row) {
 	s.calls.Add(ctx, 1, metric.WithAttributes(attribute.String("result", class.String())))
 	switch class {
 	case sms.Rejected:
-		log.Error("provider rejected the message: FAILED", "error", err)
+		log.ErrorContext(ctx, "provider rejected the message: FAILED", "error", err)
 		s.markFailed(ctx, r, "rejected by provider: "+err.Error(), log)
 	case sms.Retryable:
-		log.Warn("provider call failed: retrying later with the same key", "error", err)
+		log.WarnContext(ctx, "provider call failed: retrying later with the same key", "error", err)
 		s.retryLater(ctx, r, err.Error(), log)
 	default:
-		log.Warn("provider call outcome unknown: reconciling", "error", err)
+		log.WarnContext(ctx, "provider call outcome unknown: reconciling", "error", err)
 		s.resolveUnknown(ctx, r, err.Error(), log)
 	}
 }
@@ -326,8 +328,9 @@ func (s *Sender) ReconcileOnce(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("sender: reconcile claim: %w", err)
 	}
 	s.each(ctx, stuck, func(ctx context.Context, r row) {
-		log := s.log.With("notification_id", r.ID, "event_id", r.EventID, "idempotency_key", r.Key, "attempt", r.Attempts)
-		log.Warn("notification found SENDING past its lease (sender crashed mid-call): reconciling")
+		log := s.log.With("notification_id", r.ID, "event_id", r.EventID, "idempotency_key", r.Key, "attempt", r.Attempts,
+		"to", service.MaskPhone(r.Recipient))
+		log.WarnContext(ctx, "notification found SENDING past its lease (sender crashed mid-call): reconciling")
 		s.resolveUnknown(ctx, r, "found SENDING after a crash", log)
 	})
 	return len(stuck), nil
@@ -345,14 +348,14 @@ func (s *Sender) resolveUnknown(ctx context.Context, r row, why string, log *slo
 			// Still unknown. The row stays SENDING under our lease; once the
 			// lease runs out the reconciler asks again.
 			s.reconciled.Add(ctx, 1, metric.WithAttributes(attribute.String("how", "lookup_failed")))
-			log.Warn("provider lookup failed: row left SENDING until its lease expires", "error", err, "lease", s.cfg.Lease)
+			log.WarnContext(ctx, "provider lookup failed: row left SENDING until its lease expires", "error", err, "lease", s.cfg.Lease)
 		case found:
 			s.reconciled.Add(ctx, 1, metric.WithAttributes(attribute.String("how", "lookup_found")))
-			log.Info("provider had accepted it: SENT without sending again", "provider_message_id", receipt.MessageID)
+			log.InfoContext(ctx, "provider had accepted it: SENT without sending again", "provider_message_id", receipt.MessageID)
 			s.markSent(ctx, r, receipt.MessageID, log)
 		default:
 			s.reconciled.Add(ctx, 1, metric.WithAttributes(attribute.String("how", "lookup_missing")))
-			log.Info("provider never accepted it: resending with the same key")
+			log.InfoContext(ctx, "provider never accepted it: resending with the same key")
 			s.retryLater(ctx, r, why+"; provider has no message under the key", log)
 		}
 		return
@@ -360,11 +363,11 @@ func (s *Sender) resolveUnknown(ctx context.Context, r row, why string, log *slo
 	switch p := s.PolicyFor(r.Kind); p {
 	case PolicySkip:
 		s.reconciled.Add(ctx, 1, metric.WithAttributes(attribute.String("how", "skip")))
-		log.Error("outcome unknown and the provider cannot be asked; policy skip: FAILED", "kind", r.Kind)
+		log.ErrorContext(ctx, "outcome unknown and the provider cannot be asked; policy skip: FAILED", "kind", r.Kind)
 		s.markFailed(ctx, r, ReasonUnknownOutcome, log)
 	default:
 		s.reconciled.Add(ctx, 1, metric.WithAttributes(attribute.String("how", "resend")))
-		log.Warn("outcome unknown and the provider cannot be asked; policy resend: sending again with the same key", "kind", r.Kind)
+		log.WarnContext(ctx, "outcome unknown and the provider cannot be asked; policy resend: sending again with the same key", "kind", r.Kind)
 		s.retryLater(ctx, r, why+"; resent by policy", log)
 	}
 }
@@ -395,16 +398,16 @@ func (s *Sender) markSent(ctx context.Context, r row, messageID string, log *slo
 	if err := s.fenced(ctx, r, `status = 'SENT', provider_message_id = $3, sent_at = now(), last_error = NULL`, messageID); err != nil {
 		// Not recorded: the row stays SENDING and is reconciled (looked up,
 		// or resent with the same key), never lost.
-		log.Error("could not mark SENT", "error", err, "provider_message_id", messageID)
+		log.ErrorContext(ctx, "could not mark SENT", "error", err, "provider_message_id", messageID)
 		return
 	}
 	s.transition(ctx, "SENT", "accepted")
-	log.Info("notification SENT", "provider_message_id", messageID)
+	log.InfoContext(ctx, "notification SENT", "provider_message_id", messageID)
 }
 
 func (s *Sender) markFailed(ctx context.Context, r row, reason string, log *slog.Logger) {
 	if err := s.fenced(ctx, r, `status = 'FAILED', failure_reason = $3, last_error = coalesce(last_error, $3)`, reason); err != nil {
-		log.Error("could not mark FAILED", "error", err)
+		log.ErrorContext(ctx, "could not mark FAILED", "error", err)
 		return
 	}
 	s.transition(ctx, "FAILED", reason)
@@ -415,9 +418,9 @@ func (s *Sender) markFailed(ctx context.Context, r row, reason string, log *slog
 func (s *Sender) retryLater(ctx context.Context, r row, lastErr string, log *slog.Logger) {
 	if r.Attempts >= s.cfg.MaxAttempts {
 		reason := fmt.Sprintf("gave up after %d attempts", r.Attempts)
-		log.Error("notification FAILED: attempts exhausted", "last_error", lastErr)
+		log.ErrorContext(ctx, "notification FAILED: attempts exhausted", "last_error", lastErr)
 		if err := s.fenced(ctx, r, `status = 'FAILED', failure_reason = $3, last_error = $4`, reason, lastErr); err != nil {
-			log.Error("could not mark FAILED", "error", err)
+			log.ErrorContext(ctx, "could not mark FAILED", "error", err)
 			return
 		}
 		s.transition(ctx, "FAILED", "attempts_exhausted")
@@ -425,11 +428,11 @@ func (s *Sender) retryLater(ctx context.Context, r row, lastErr string, log *slo
 	}
 	delay := Backoff(r.Attempts, s.cfg.RetryBase, s.cfg.RetryMax)
 	if err := s.fenced(ctx, r, `status = 'PENDING', next_attempt_at = now() + $3::interval, last_error = $4`, delay, lastErr); err != nil {
-		log.Error("could not reschedule", "error", err)
+		log.ErrorContext(ctx, "could not reschedule", "error", err)
 		return
 	}
 	s.transition(ctx, "PENDING", "retry")
-	log.Info("notification rescheduled", "retry_in", delay)
+	log.InfoContext(ctx, "notification rescheduled", "retry_in", delay)
 }
 
 // Backoff is the delay after the attempts-th failed call:

@@ -2,6 +2,7 @@ package sender_test
 
 import (
 	"context"
+	"log/slog"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/pkg/migrate"
+	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/notifications/intent"
 	"github.com/effectively-once/payments-cashback/services/notifications/migrations"
 	"github.com/effectively-once/payments-cashback/services/notifications/sender"
@@ -431,3 +433,23 @@ func TestConfigValidation(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// Logs carry the recipient masked, never the whole number.
+func TestLogsMaskTheRecipientsPhoneNumber(t *testing.T) {
+	e := setup(t)
+	e.intent()
+	var logs testenv.Buffer
+	cfg := fast()
+	cfg.Logger = slog.New(service.NewContextHandler(&logs, slog.LevelDebug))
+	s := e.sender(e.client, cfg)
+	if n, err := s.SendOnce(context.Background()); err != nil || n != 1 {
+		t.Fatalf("SendOnce = %d, %v", n, err)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "notification SENT") || !strings.Contains(out, `"to":"+91******0017"`) {
+		t.Errorf("no SENT line with the masked recipient in:\n%s", out)
+	}
+	if strings.Contains(out, "919800000017") {
+		t.Errorf("the full phone number is in the logs:\n%s", out)
+	}
+}
