@@ -5,6 +5,7 @@
 //
 //	BEGIN
 //	INSERT INTO processed_messages ... ON CONFLICT DO NOTHING   -- the claim, first
+//	SELECT payload_hash ...                                     -- same round trip
 //	  1 row  -> run the effect in this transaction, COMMIT       -> Applied
 //	  0 rows -> ROLLBACK                                        -> Duplicate (or Conflict)
 //
@@ -31,7 +32,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -145,13 +145,31 @@ func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outc
 			return Failed, err
 		}
 		defer tx.Rollback(context.WithoutCancel(ctx))
-		tag, err := tx.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, payload_hash)
+		// The claim and the read of the key's hash go in one round trip: a
+		// duplicate then costs BEGIN, this, ROLLBACK. The SELECT is a new
+		// statement, so after waiting on a concurrent claim it sees that
+		// claim's committed row; for a new message it reads our own row.
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO processed_messages (consumer, message_id, payload_hash)
 			VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, c.name, msg.ID, msg.Hash)
+		b.Queue(`SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_id = $2`, c.name, msg.ID)
+		br := tx.SendBatch(ctx, b)
+		tag, err := br.Exec()
+		var hash []byte
+		if err == nil {
+			err = br.QueryRow().Scan(&hash)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
 		if err != nil {
 			return Failed, err
 		}
 		if tag.RowsAffected() == 0 {
-			return c.existing(ctx, tx, msg)
+			if !bytes.Equal(hash, msg.Hash) {
+				return Conflict, ErrConflict
+			}
+			return Duplicate, nil
 		}
 		if err := effect(ctx, tx); err != nil {
 			return Failed, err
@@ -163,19 +181,6 @@ func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outc
 	})
 }
 
-// existing classifies a key that is already there: same hash or not.
-func (c *Consumer) existing(ctx context.Context, q pgx.Tx, msg Message) (Outcome, error) {
-	var hash []byte
-	err := q.QueryRow(ctx, `SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_id = $2`,
-		c.name, msg.ID).Scan(&hash)
-	if err != nil {
-		return Failed, fmt.Errorf("idempotent: read existing key: %w", err)
-	}
-	if !bytes.Equal(hash, msg.Hash) {
-		return Conflict, ErrConflict
-	}
-	return Duplicate, nil
-}
 
 // retry runs attempt again after serialization failures and deadlocks,
 // with jittered exponential backoff; any other error is final.
