@@ -21,9 +21,9 @@ package stack
 
 import (
 	"bufio"
-	"crypto/rand"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"

@@ -181,7 +181,6 @@ func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outc
 	})
 }
 
-
 // retry runs attempt again after serialization failures and deadlocks,
 // with jittered exponential backoff; any other error is final.
 func (c *Consumer) retry(ctx context.Context, attempt func() (Outcome, error)) (Outcome, error) {

@@ -11,9 +11,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/events"
@@ -40,64 +37,10 @@ func inboxSetup(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
-// metrics is an SDK meter provider with a manual reader, so a test can read
-// the values an Inbox recorded.
-type metrics struct {
-	reader   *sdkmetric.ManualReader
-	provider *sdkmetric.MeterProvider
-}
+// metrics records what an Inbox measured (see testenv.Metrics).
+type metrics = testenv.Metrics
 
-func newMetrics() *metrics {
-	r := sdkmetric.NewManualReader()
-	return &metrics{reader: r, provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))}
-}
-
-// value sums the data points of the named instrument whose attributes
-// include every key=value in attrs.
-func (m *metrics) value(t testing.TB, name string, attrs ...string) float64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := m.reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	match := func(set attribute.Set) bool {
-		for i := 0; i+1 < len(attrs); i += 2 {
-			if v, ok := set.Value(attribute.Key(attrs[i])); !ok || v.Emit() != attrs[i+1] {
-				return false
-			}
-		}
-		return true
-	}
-	for _, sm := range rm.ScopeMetrics {
-		for _, mt := range sm.Metrics {
-			if mt.Name != name {
-				continue
-			}
-			switch d := mt.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					if match(p.Attributes) {
-						sum += float64(p.Value)
-					}
-				}
-			case metricdata.Gauge[int64]:
-				for _, p := range d.DataPoints {
-					if match(p.Attributes) {
-						sum += float64(p.Value)
-					}
-				}
-			case metricdata.Gauge[float64]:
-				for _, p := range d.DataPoints {
-					if match(p.Attributes) {
-						sum += p.Value
-					}
-				}
-			}
-		}
-	}
-	return sum
-}
+var newMetrics = testenv.NewMetrics
 
 func newInbox(t testing.TB, pool *pgxpool.Pool, consumer string, cfg idempotent.InboxConfig) *idempotent.Inbox {
 	t.Helper()

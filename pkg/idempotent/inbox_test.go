@@ -22,7 +22,7 @@ import (
 func TestInboxReceiveStoresOnceAndRefusesConflicts(t *testing.T) {
 	pool := inboxSetup(t)
 	m := newMetrics()
-	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.provider})
+	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider})
 	ctx := context.Background()
 	e := keyedEvent(t, "cb_1", 1)
 
@@ -57,16 +57,16 @@ func TestInboxReceiveStoresOnceAndRefusesConflicts(t *testing.T) {
 		t.Fatalf("stored row %+v, want PENDING with 0 attempts", r)
 	}
 	// The same event in another consumer's inbox is its own row.
-	other := newInbox(t, pool, "analytics", idempotent.InboxConfig{MeterProvider: m.provider})
+	other := newInbox(t, pool, "analytics", idempotent.InboxConfig{MeterProvider: m.Provider})
 	if stored, err := other.Receive(ctx, e, "cb_1"); !stored || err != nil {
 		t.Fatalf("other consumer: stored=%v err=%v", stored, err)
 	}
 	for outcome, want := range map[string]float64{"stored": 1, "duplicate": 2, "conflict": 1, "invalid": 2} {
-		if got := m.value(t, "inbox_received_total", "consumer", "notifications", "outcome", outcome); got != want {
+		if got := m.Value(t, "inbox_received_total", "consumer", "notifications", "outcome", outcome); got != want {
 			t.Errorf("inbox_received_total{outcome=%s} = %v, want %v", outcome, got, want)
 		}
 	}
-	if got := m.value(t, "inbox_refused_total", "consumer", "notifications", "reason", "conflict"); got != 1 {
+	if got := m.Value(t, "inbox_refused_total", "consumer", "notifications", "reason", "conflict"); got != 1 {
 		t.Errorf("inbox_refused_total{reason=conflict} = %v, want 1", got)
 	}
 }
@@ -83,7 +83,7 @@ func v7At(t time.Time) uuid.UUID {
 func TestInboxRefusesMessagesOlderThanTheWindow(t *testing.T) {
 	pool := inboxSetup(t)
 	m := newMetrics()
-	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.provider}) // 15-day window
+	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider}) // 15-day window
 	ctx := context.Background()
 
 	old := keyedEvent(t, "cb_1", 1)
@@ -99,7 +99,7 @@ func TestInboxRefusesMessagesOlderThanTheWindow(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM inbox`); n != 0 {
 		t.Fatalf("inbox rows = %d, want 0: a refused copy is not stored", n)
 	}
-	if got := m.value(t, "inbox_refused_total", "consumer", "notifications", "reason", "expired"); got != 2 {
+	if got := m.Value(t, "inbox_refused_total", "consumer", "notifications", "reason", "expired"); got != 2 {
 		t.Fatalf("inbox_refused_total{reason=expired} = %v, want 2", got)
 	}
 	if stored, err := in.Receive(ctx, keyedEvent(t, "cb_3", 1), "cb_3"); !stored || err != nil {
@@ -223,7 +223,7 @@ func TestInboxRetriesWithBackoffUntilDone(t *testing.T) {
 func TestInboxPoisonRowFailsBlocksItsKeyAndReplayUnblocks(t *testing.T) {
 	pool := inboxSetup(t)
 	m := newMetrics()
-	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.provider})
+	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider})
 	ctx := context.Background()
 	poison := keyedEvent(t, "cb_poison", 1)
 	behind := []events.Envelope{keyedEvent(t, "cb_poison", 2), keyedEvent(t, "cb_poison", 3)}
@@ -278,10 +278,10 @@ func TestInboxPoisonRowFailsBlocksItsKeyAndReplayUnblocks(t *testing.T) {
 			t.Fatalf("poison row blocks %d rows, want 2", fr.Blocked)
 		}
 	}
-	if got := m.value(t, "inbox_failed", "consumer", "notifications"); got != 2 {
+	if got := m.Value(t, "inbox_failed", "consumer", "notifications"); got != 2 {
 		t.Fatalf("inbox_failed gauge = %v, want 2", got)
 	}
-	if got := m.value(t, "inbox_pending", "consumer", "notifications"); got != 2 {
+	if got := m.Value(t, "inbox_pending", "consumer", "notifications"); got != 2 {
 		t.Fatalf("inbox_pending gauge = %v, want 2", got)
 	}
 
@@ -353,7 +353,7 @@ func TestInboxReorderWindowOrdersCloseArrivals(t *testing.T) {
 func TestInboxBacklogFigures(t *testing.T) {
 	pool := inboxSetup(t)
 	m := newMetrics()
-	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.provider})
+	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider})
 	ctx := context.Background()
 	for i := range 3 {
 		receive(t, in, keyedEvent(t, fmt.Sprintf("cb_%d", i), 1))
@@ -369,13 +369,13 @@ func TestInboxBacklogFigures(t *testing.T) {
 	if err != nil || b.Pending != 2 || b.Failed != 1 || b.OldestPending < 90*time.Second || b.OldestPending > 100*time.Second {
 		t.Fatalf("backlog %+v, %v; want 2 pending, 1 failed, oldest ~90s", b, err)
 	}
-	if got := m.value(t, "inbox_oldest_pending_age_seconds", "consumer", "notifications"); got < 90 || got > 100 {
+	if got := m.Value(t, "inbox_oldest_pending_age_seconds", "consumer", "notifications"); got < 90 || got > 100 {
 		t.Fatalf("inbox_oldest_pending_age_seconds = %v, want ~90", got)
 	}
-	if got := m.value(t, "inbox_pending", "consumer", "notifications"); got != 2 {
+	if got := m.Value(t, "inbox_pending", "consumer", "notifications"); got != 2 {
 		t.Fatalf("inbox_pending = %v, want 2", got)
 	}
-	if got := m.value(t, "inbox_failed", "consumer", "notifications"); got != 1 {
+	if got := m.Value(t, "inbox_failed", "consumer", "notifications"); got != 1 {
 		t.Fatalf("inbox_failed = %v, want 1", got)
 	}
 	all, err := idempotent.InboxBacklog(ctx, pool, "")

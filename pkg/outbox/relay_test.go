@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -12,8 +11,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/effectively-once/payments-cashback/internal/testenv"
@@ -429,16 +426,16 @@ func TestPublisherErrorReschedulesTheBatch(t *testing.T) {
 	_, _, pub := queue(t)
 	a, b := newEvent(t, 1), newEvent(t, 2)
 	addCommitted(t, ctx, pool, a, b)
-	metrics := sdkmetric.NewManualReader()
+	metrics := testenv.NewMetrics()
 	relay := newRelay(t, pool, &flakyPublisher{next: pub, failCalls: 1}, outbox.RelayConfig{RetryBase: 200 * time.Millisecond,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(metrics))})
-	if got := gauge(t, metrics, "outbox_unpublished"); got != 2 {
+		MeterProvider: metrics.Provider})
+	if got := metrics.Value(t, "outbox_unpublished"); got != 2 {
 		t.Errorf("outbox_unpublished = %v before the relay ran, want 2", got)
 	}
 	if n, err := relay.RelayOnce(ctx); n != 2 || err != nil {
 		t.Fatalf("RelayOnce: %d, %v", n, err)
 	}
-	if got := gauge(t, metrics, "outbox_publish_failures_total"); got != 2 {
+	if got := metrics.Value(t, "outbox_publish_failures_total"); got != 2 {
 		t.Errorf("outbox_publish_failures_total = %v after one failed batch of 2, want 2", got)
 	}
 	for _, id := range []uuid.UUID{a.EventID, b.EventID} {
@@ -452,41 +449,11 @@ func TestPublisherErrorReschedulesTheBatch(t *testing.T) {
 		}
 		return count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0
 	})
-	for name, want := range map[string]int64{"outbox_published_total": 2, "outbox_publish_failures_total": 2, "outbox_unpublished": 0} {
-		if got := gauge(t, metrics, name); got != want {
+	for name, want := range map[string]float64{"outbox_published_total": 2, "outbox_publish_failures_total": 2, "outbox_unpublished": 0} {
+		if got := metrics.Value(t, name); got != want {
 			t.Errorf("%s = %v once both rows are published, want %v", name, got, want)
 		}
 	}
-}
-
-// gauge reads the single int64 data point of a counter or gauge.
-func gauge(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				return d.DataPoints[0].Value
-			case metricdata.Gauge[int64]:
-				return d.DataPoints[0].Value
-			}
-		}
-	}
-	var names []string
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			names = append(names, fmt.Sprintf("%s %T", m.Name, m.Data))
-		}
-	}
-	t.Fatalf("no metric %s among %v", name, names)
-	return 0
 }
 
 // A row that has failed many times is still rescheduled at RetryMax: the

@@ -329,7 +329,7 @@ func (s *Sender) ReconcileOnce(ctx context.Context) (int, error) {
 	}
 	s.each(ctx, stuck, func(ctx context.Context, r row) {
 		log := s.log.With("notification_id", r.ID, "event_id", r.EventID, "idempotency_key", r.Key, "attempt", r.Attempts,
-		"to", service.MaskPhone(r.Recipient))
+			"to", service.MaskPhone(r.Recipient))
 		log.WarnContext(ctx, "notification found SENDING past its lease (sender crashed mid-call): reconciling")
 		s.resolveUnknown(ctx, r, "found SENDING after a crash", log)
 	})
