@@ -50,7 +50,7 @@ type config struct {
 	RelayEnabled        bool          `env:"RELAY_ENABLED" envDefault:"true"`
 	Queue               string        `env:"PAYMENTS_QUEUE" envDefault:"payments-events"`
 	StripeURL           string        `env:"STRIPE_URL" envDefault:"http://127.0.0.1:12111"`
-	StripeAPIKey        string        `env:"STRIPE_API_KEY" envDefault:"sk_test_123"`
+	StripeAPIKey        string        `env:"STRIPE_API_KEY" envDefault:"sk_test_123" secret:"true"`
 	StripePaymentMethod string        `env:"STRIPE_PAYMENT_METHOD" envDefault:"pm_card_visa"`
 	StripeTimeout       time.Duration `env:"STRIPE_TIMEOUT" envDefault:"20s"`
 	LockTimeout         time.Duration `env:"IDEMPOTENCY_LOCK_TIMEOUT" envDefault:"1m"`

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/service"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -331,4 +333,28 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// The start-up summary names every setting and shows no secret.
+func TestConfigSummaryMasksTheAPIKeysTheStripeKeyAndTheDatabasePassword(t *testing.T) {
+	t.Setenv("PAYMENTS_DATABASE_URL", "postgres://app:hunter2@db:5432/payments")
+	t.Setenv("PAYMENTS_API_KEYS", "web:"+testAPIKey)
+	t.Setenv("STRIPE_API_KEY", "sk_live_0123456789")
+	cfg, err := loadConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	service.LogConfig(slog.New(slog.NewJSONHandler(&buf, nil)), cfg)
+	out := buf.String()
+	for _, secret := range []string{testAPIKey, "sk_live_0123456789", "hunter2"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("config summary shows %q: %s", secret, out)
+		}
+	}
+	for _, name := range []string{"PAYMENTS_API_KEYS", "STRIPE_API_KEY", "PAYMENTS_RATE_LIMIT", "RELAY_LEASE"} {
+		if !strings.Contains(out, `"`+name+`"`) {
+			t.Errorf("config summary lacks %s: %s", name, out)
+		}
+	}
 }
