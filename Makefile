@@ -9,7 +9,7 @@ TEST_FLAGS ?= -race -count=1
 E2E_FLAGS  ?= -count=1 -timeout 20m
 
 .DEFAULT_GOAL := help
-.PHONY: help deps infra down test fuzz e2e demo demo-check bench clean distclean
+.PHONY: help deps infra down test fuzz e2e soak demo demo-check bench clean distclean
 
 ## help: list the targets
 help:
@@ -76,6 +76,17 @@ demo-check: deps
 ## go run ./cmd/bench -h). Takes about 3 minutes.
 bench: deps
 	$(STACK) with $(GO) run ./cmd/bench $(BENCH_FLAGS)
+
+## soak: the chaos soak (e2e TestChaosSoak): payments through the API for
+## SOAK_DURATION (10m) while processes are SIGKILLed and restarted, PostgreSQL
+## and the SQS server (fauxqs, with persistence) restarted once, duplicates
+## and DLQ redrives injected; then checks nothing was lost or doubled and
+## prints a table. SOAK_PAYMENTS (5000), SOAK_SEED replays a run.
+SOAK_DURATION ?= 10m
+SOAK_PAYMENTS ?= 5000
+soak: deps
+	FAUXQS_PERSISTENCE=true SOAK_DURATION=$(SOAK_DURATION) SOAK_PAYMENTS=$(SOAK_PAYMENTS) \
+		$(STACK) with $(GO) test -count=1 -v -run '^TestChaosSoak$$' -timeout 60m ./e2e/
 
 ## clean: stop the stack, delete its state (.stack/) and build output (bin/)
 clean:

@@ -22,7 +22,9 @@
 //
 // Without a stack (no .stack/env, as in a plain `go test ./...`) the suite
 // skips itself. E2E_STORM_N sets the number of payments of the storm
-// (default 1000).
+// (default 1000); SOAK_DURATION, SOAK_PAYMENTS and SOAK_SEED configure the
+// chaos soak (TestChaosSoak, default 60s and 300 payments; make soak runs
+// it for 10 minutes).
 package e2e
 
 import (

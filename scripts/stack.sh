@@ -9,6 +9,10 @@
 #   scripts/stack.sh with CMD…   infra-up, run CMD with .stack/env loaded, then
 #                                down if the stack was not up before; exits
 #                                with CMD's status
+#   scripts/stack.sh restart-pg  pg_ctl restart of the throwaway cluster (exit
+#                                3 when DATABASE_URL is another server)
+#   scripts/stack.sh restart-sqs stop and start fauxqs on its port (exit 3
+#                                unless it runs with FAUXQS_PERSISTENCE=true)
 #
 # Settings (environment):
 #   DATABASE_URL      use this PostgreSQL server (its maintenance db URL);
@@ -17,6 +21,9 @@
 #   PG_BINDIR         where initdb/pg_ctl live (default: newest
 #                     /usr/lib/postgresql/*/bin, else PATH)
 #   SQS_PORT          fauxqs port (default 4566)
+#   FAUXQS_PERSISTENCE  true: fauxqs keeps its queues and messages (ready and
+#                     in flight) in SQLite under .stack/sqs, so a restart
+#                     loses nothing, as with SQS; default: in memory
 #   STRIPE_MOCK_PORT  stripe-mock HTTP port (default 12111)
 #   PAYMENTS_PORT, REWARDS_PORT, NOTIFICATIONS_PORT, SMS_PROVIDER_PORT
 #                     where the services will listen (default 8081, 8082,
@@ -50,7 +57,8 @@ STRIPE_MOCK_PORT=${STRIPE_MOCK_PORT:-12111}
 # logger: true and so ignores FAUXQS_LOGGER. (internal/testenv does the same.)
 FAUXQS_LAUNCHER='import { pathToFileURL } from "node:url";
 const { startFauxqs } = await import(pathToFileURL(process.argv[1]).href);
-await startFauxqs({ logger: process.env.FAUXQS_LOGGER === "true" });'
+await startFauxqs({ logger: process.env.FAUXQS_LOGGER === "true",
+  dataDir: process.env.FAUXQS_PERSISTENCE === "true" ? process.env.FAUXQS_DATA_DIR : undefined });'
 
 log() { printf 'stack: %s\n' "$*" >&2; }
 die() {
@@ -337,10 +345,52 @@ ensure_fauxqs() {
 	fi
 	stop_recorded fauxqs fauxqs # ours but unhealthy, or on another port
 	port_in_use "$port" && die "port $port (SQS) is already in use by a process this script did not start: stop it, or set SQS_PORT to another port"
-	log "fauxqs: starting on port $port"
+	local persist=${FAUXQS_PERSISTENCE:-false}
+	log "fauxqs: starting on port $port (persistence: $persist)"
+	# A fresh start begins with empty queues; restart-sqs keeps them.
+	[[ ${FAUXQS_KEEP_DATA:-} == 1 ]] || rm -rf "$STACK/sqs"
+	mkdir -p "$STACK/sqs"
 	start_bg fauxqs "$port" env FAUXQS_PORT="$port" FAUXQS_HOST=localhost FAUXQS_LOGGER="${FAUXQS_LOGGER:-false}" \
+		FAUXQS_PERSISTENCE="$persist" FAUXQS_DATA_DIR="$STACK/sqs" \
 		"$NODE" --no-warnings --input-type=module -e "$FAUXQS_LAUNCHER" "$FAUXQS_APP"
+	echo "$persist" >"$PIDS/fauxqs.persistence"
 	wait_up "fauxqs" 30 "$(<"$PIDS/fauxqs.pid")" "$LOGS/fauxqs.log" fauxqs_healthy "$port"
+}
+
+# restart-sqs: what a restart of SQS looks like. Only honest with
+# persistence: fauxqs in memory would drop every message, which SQS never
+# does.
+cmd_restart_sqs() {
+	local port persist
+	port=$(recorded_port fauxqs)
+	recorded_pid fauxqs fauxqs >/dev/null || die "fauxqs is not running from this stack"
+	persist=$(cat "$PIDS/fauxqs.persistence" 2>/dev/null || echo false)
+	if [[ $persist != true ]]; then
+		log "fauxqs keeps its messages in memory (start the stack with FAUXQS_PERSISTENCE=true): a restart would lose them, unlike SQS; not restarting"
+		exit 3
+	fi
+	stop_recorded fauxqs fauxqs
+	SQS_PORT=$port FAUXQS_PERSISTENCE=true FAUXQS_KEEP_DATA=1 ensure_fauxqs
+}
+
+# restart-pg: pg_ctl restart of the throwaway cluster, with its options.
+cmd_restart_pg() {
+	local data bin port recorded
+	recorded=$(cat "$STACK/pg/url" 2>/dev/null || true)
+	if [[ -n ${DATABASE_URL:-} && $DATABASE_URL != "$recorded" ]]; then
+		log "DATABASE_URL is a server this script did not start: not restarting it"
+		exit 3
+	fi
+	data=$(cat "$STACK/pg/datadir" 2>/dev/null || true)
+	port=$(cat "$STACK/pg/port" 2>/dev/null || true)
+	[[ -n $data && -n $port && -f $data/postmaster.pid ]] || die "the throwaway cluster is not running"
+	bin=$(pg_bindir)
+	log "postgres: restarting on 127.0.0.1:$port"
+	as_pg "$bin/pg_ctl" -D "$data" -w -t 60 -m fast \
+		-o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories=''" \
+		restart >>"$LOGS/postgres.log" 2>&1 || die "pg_ctl restart failed; see $LOGS/postgres.log"
+	wait_up "postgres" 30 "" "$LOGS/postgres.log" "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"
+	head -n 1 "$data/postmaster.pid" >"$PIDS/postgres.pid"
 }
 
 ensure_stripe_mock() {
@@ -457,6 +507,8 @@ deps) cmd_deps ;;
 infra-up | up) cmd_infra_up ;;
 down) cmd_down ;;
 clean) cmd_clean ;;
+restart-pg) cmd_restart_pg ;;
+restart-sqs) cmd_restart_sqs ;;
 with)
 	shift
 	cmd_with "$@"
