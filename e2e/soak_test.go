@@ -275,9 +275,7 @@ func soakPay(ctx context.Context, p *soakPayment) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.paymentsURL+"/v1/payments", bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", p.key)
-		if k := s.env["PAYMENTS_API_KEY"]; k != "" {
-			req.Header.Set("Authorization", "Bearer "+k)
-		}
+		authorize(req)
 		resp, err := hc.Do(req)
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
