@@ -42,7 +42,7 @@ FUZZ_TARGETS = ./pkg/events:FuzzDecode ./services/rewards/cashback:FuzzDecodePay
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz: $${t#*:} in $${t%%:*} for $(FUZZTIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s "$${t%%:*}"; \
 	done
 
 ## e2e: the duplicate / redrive / race / crash suite (e2e/), black-box against
