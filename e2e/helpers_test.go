@@ -399,16 +399,23 @@ type credit struct {
 
 func credits(t testing.TB, where string, args ...any) []credit {
 	t.Helper()
-	rows, err := s.rewDB.Query(bg(), `SELECT payment_id, user_id, amount_paise, rate_bp, event_id, status, credited_at
+	return query(t, s.rewDB, pgx.RowToStructByPos[credit], `SELECT payment_id, user_id, amount_paise, rate_bp, event_id, status, credited_at
 		FROM cashback_credits WHERE `+where+` ORDER BY id`, args...)
+}
+
+// query runs sql on db and collects its rows with to, failing the test on
+// any error.
+func query[T any](t testing.TB, db *pgxpool.Pool, to pgx.RowToFunc[T], sql string, args ...any) []T {
+	t.Helper()
+	rows, err := db.Query(bg(), sql, args...)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", sql, err)
 	}
-	cs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[credit])
+	out, err := pgx.CollectRows(rows, to)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", sql, err)
 	}
-	return cs
+	return out
 }
 
 // waitCredits waits until the payment has n credits and returns them.

@@ -401,15 +401,8 @@ func publishedEvent(t *testing.T, db *pgxpool.Pool, paymentID, eventType string)
 // cashbackEvents are the CashbackCredited event ids of the payments.
 func cashbackEvents(t *testing.T, paymentIDs []string) []uuid.UUID {
 	t.Helper()
-	rows, err := s.rewDB.Query(bg(), `SELECT id FROM outbox WHERE aggregate_id = ANY($1) AND event_type = $2`, paymentIDs, events.CashbackCredited)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ids
+	return query(t, s.rewDB, pgx.RowTo[uuid.UUID], `SELECT id FROM outbox WHERE aggregate_id = ANY($1) AND event_type = $2`,
+		paymentIDs, events.CashbackCredited)
 }
 
 // soakCheck checks the invariants, prints them as a table with what the
@@ -449,14 +442,7 @@ func soakCheck(t *testing.T, cfg soakConfig, pays []*soakPayment, st *soakStats)
 	// Nothing doubled at the API: the soak's users have exactly the
 	// acknowledged payments.
 	var extra []string
-	rows, err := s.payDB.Query(bg(), `SELECT id FROM payments WHERE user_id LIKE $1`, "u_soak_"+s.run+"_%")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dbPays, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
+	dbPays := query(t, s.payDB, pgx.RowTo[string], `SELECT id FROM payments WHERE user_id LIKE $1`, "u_soak_"+s.run+"_%")
 	for _, id := range dbPays {
 		if byID[id] == nil {
 			extra = append(extra, id)
@@ -471,7 +457,7 @@ func soakCheck(t *testing.T, cfg soakConfig, pays []*soakPayment, st *soakStats)
 		eventID    uuid.UUID
 	}
 	events0 := map[string]paid{}
-	rows, err = s.payDB.Query(bg(), `SELECT p.id, p.amount_paise, o.occurred_at, o.id FROM payments p
+	rows, err := s.payDB.Query(bg(), `SELECT p.id, p.amount_paise, o.occurred_at, o.id FROM payments p
 		JOIN outbox o ON o.aggregate_id = p.id AND o.event_type = $2 WHERE p.id = ANY($1)`, ackIDs, events.PaymentSucceeded)
 	if err != nil {
 		t.Fatal(err)
@@ -491,14 +477,7 @@ func soakCheck(t *testing.T, cfg soakConfig, pays []*soakPayment, st *soakStats)
 		From time.Time
 		BP   int64
 	}
-	rows, err = s.rewDB.Query(bg(), `SELECT effective_from, rate_bp FROM cashback_rates ORDER BY effective_from`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rates, err := pgx.CollectRows(rows, pgx.RowToStructByPos[rate])
-	if err != nil {
-		t.Fatal(err)
-	}
+	rates := query(t, s.rewDB, pgx.RowToStructByPos[rate], `SELECT effective_from, rate_bp FROM cashback_rates ORDER BY effective_from`)
 	rateAt := func(at time.Time) int64 {
 		bp := int64(0)
 		for _, r := range rates {
@@ -584,14 +563,8 @@ func soakCheck(t *testing.T, cfg soakConfig, pays []*soakPayment, st *soakStats)
 		}
 	}
 	check("no outbox row unpublished (both producers)", outboxBad)
-	var inboxBad []string
-	rows, err = s.notDB.Query(bg(), `SELECT message_id::text || ' ' || status FROM inbox WHERE status IN ('PENDING', 'FAILED') AND aggregate_id = ANY($1)`, ackIDs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if inboxBad, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-		t.Fatal(err)
-	}
+	inboxBad := query(t, s.notDB, pgx.RowTo[string],
+		`SELECT message_id::text || ' ' || status FROM inbox WHERE status IN ('PENDING', 'FAILED') AND aggregate_id = ANY($1)`, ackIDs)
 	check("no inbox row PENDING or FAILED", inboxBad)
 
 	// Duplicates absorbed by rewards, by cause. The consumer logs each
@@ -694,13 +667,6 @@ func soakCheck(t *testing.T, cfg soakConfig, pays []*soakPayment, st *soakStats)
 // ids are the payments' outbox rows still unpublished in db.
 func ids(t *testing.T, db *pgxpool.Pool, paymentIDs []string) []string {
 	t.Helper()
-	rows, err := db.Query(bg(), `SELECT id::text || ' (' || aggregate_id || ')' FROM outbox WHERE aggregate_id = ANY($1) AND published_at IS NULL`, paymentIDs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return query(t, db, pgx.RowTo[string],
+		`SELECT id::text || ' (' || aggregate_id || ')' FROM outbox WHERE aggregate_id = ANY($1) AND published_at IS NULL`, paymentIDs)
 }
