@@ -79,6 +79,9 @@ func shutdown() {
 		sq.proc.stop(os.Kill, 0)
 	}
 	stopStripeMock()
+	if mt.proc != nil {
+		mt.proc.stop(syscall.SIGTERM, time.Second)
+	}
 }
 
 // child is a server process started by this package, reaped by exactly one

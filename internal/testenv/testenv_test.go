@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -180,5 +182,24 @@ func TestWithDatabase(t *testing.T) {
 		if err != nil || got != want {
 			t.Errorf("withDatabase(%q) = %q, %v; want %q", in, got, err, want)
 		}
+	}
+}
+
+// A moto server started here answers the SQS API: the second, independent
+// SQS implementation the transport is checked against.
+func TestMotoServesSQS(t *testing.T) {
+	ep := MotoEndpoint(t)
+	req, _ := http.NewRequest(http.MethodPost, ep+"/", strings.NewReader(`{"QueueName":"moto-probe"}`))
+	req.Header.Set("Content-Type", "application/x-amz-json-1.0")
+	req.Header.Set("X-Amz-Target", "AmazonSQS.CreateQueue")
+	req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=x")
+	r2, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Body.Close()
+	b, _ := io.ReadAll(r2.Body)
+	if r2.StatusCode != http.StatusOK || !strings.Contains(string(b), "moto-probe") {
+		t.Fatalf("CreateQueue on moto: %d %s", r2.StatusCode, b)
 	}
 }
