@@ -38,7 +38,7 @@ func Redis(t testing.TB) *RedisServer {
 	return r
 }
 
-// StartRedis starts `redis-server --port P --save '' --appendonly no` on a
+// StartRedis starts `redis-server --port P --save ” --appendonly no` on a
 // free loopback port and waits until it accepts connections.
 func StartRedis() (*RedisServer, error) {
 	bin, err := exec.LookPath("redis-server")
