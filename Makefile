@@ -73,9 +73,12 @@ demo-check: deps
 ## bench: measure the library against bare PostgreSQL and SQS baselines on
 ## the same servers, and the four services end to end; prints a table and
 ## writes bench.json (flags: BENCH_FLAGS='-duration 3s -soak 5m ...', see
-## go run ./cmd/bench -h). Takes about 3 minutes.
+## go run ./cmd/bench -h). Takes about 3 minutes. Then cmd/benchstores: the
+## DynamoDB consumer vs bare TransactWriteItems on moto, a 20,000-event replay
+## with the Redis pre-filter off and on, the cost per message in each store
+## (STORES_BENCH_FLAGS; writes bench-stores.json; about a minute).
 bench: deps
-	$(STACK) with $(GO) run ./cmd/bench $(BENCH_FLAGS)
+	$(STACK) with sh -c '$(GO) run ./cmd/bench $(BENCH_FLAGS) && $(GO) run ./cmd/benchstores $(STORES_BENCH_FLAGS)'
 
 ## soak: the chaos soak (e2e TestChaosSoak): payments through the API for
 ## SOAK_DURATION (10m) while processes are SIGKILLed and restarted, PostgreSQL

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/pkg/idempotent/idemdynamo"
+	"github.com/effectively-once/payments-cashback/pkg/idempotent/prefilter"
+)
+
+// pgEffect is the rewards-shaped effect on PostgreSQL: a credit row and
+// the wallet's upsert (the bench's own tables).
+func pgEffect(msg idempotent.Message, i int) idempotent.Effect {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		user := "u_" + strconv.Itoa(i%40)
+		if _, err := tx.Exec(ctx, `INSERT INTO credits (payment_id, user_id, amount_paise, event_id) VALUES ($1, $2, 2400, $3)`,
+			"pay_"+msg.ID.String(), user, msg.ID); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO wallets (user_id, balance_paise) VALUES ($1, 2400)
+			ON CONFLICT (user_id) DO UPDATE SET balance_paise = wallets.balance_paise + 2400`, user)
+		return err
+	}
+}
+
+func pgTables(ctx context.Context, e *env) error {
+	_, err := e.pool.Exec(ctx, `
+		CREATE TABLE IF NOT EXISTS credits (payment_id text PRIMARY KEY, user_id text NOT NULL, amount_paise bigint NOT NULL, event_id uuid NOT NULL);
+		CREATE TABLE IF NOT EXISTS wallets (user_id text PRIMARY KEY, balance_paise bigint NOT NULL)`)
+	return err
+}
+
+// seedRedis records msgs as the pre-filter would have after applying them.
+func seedRedis[E any](ctx context.Context, e *env, pf *prefilter.Consumer[E], msgs []idempotent.Message) error {
+	for i := 0; i < len(msgs); i += 1000 {
+		p := e.rdb.Pipeline()
+		for _, m := range msgs[i:min(i+1000, len(msgs))] {
+			p.Set(ctx, pf.Key(m), m.Hash, idempotent.DefaultRetention)
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// replay handles every msg with workers goroutines, checks each is a
+// Duplicate, and returns msgs/s.
+func replay(ctx context.Context, msgs []idempotent.Message, workers int, handle func(context.Context, idempotent.Message) (idempotent.Outcome, error)) (float64, error) {
+	next := make(chan idempotent.Message)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	began := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range next {
+				out, err := handle(ctx, m)
+				if out != idempotent.Duplicate {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = fmt.Errorf("replayed event %s: %v, %v; want duplicate", m.ID, out, err)
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for _, m := range msgs {
+		next <- m
+	}
+	close(next)
+	wg.Wait()
+	return float64(len(msgs)) / time.Since(began).Seconds(), firstErr
+}
+
+// replayBoth replays msgs in o.rounds chunks, each chunk with the
+// pre-filter off and then on (the other order every other chunk), and adds
+// the median rates of each side to rep.
+func replayBoth(ctx context.Context, o options, rep *report, store string, msgs []idempotent.Message,
+	off, on func(context.Context, idempotent.Message) (idempotent.Outcome, error)) error {
+	var offs, ons []float64
+	chunk := (len(msgs) + o.rounds - 1) / o.rounds
+	for r := 0; r*chunk < len(msgs); r++ {
+		part := msgs[r*chunk : min((r+1)*chunk, len(msgs))]
+		order := []bool{false, true}
+		if r%2 == 1 {
+			order = []bool{true, false}
+		}
+		for _, withFilter := range order {
+			h := off
+			if withFilter {
+				h = on
+			}
+			rate, err := replay(ctx, part, o.workers, h)
+			if err != nil {
+				return err
+			}
+			if withFilter {
+				ons = append(ons, rate)
+			} else {
+				offs = append(offs, rate)
+			}
+		}
+		progress("%s replay chunk %d (%d events): off %.0f, on %.0f msgs/s", store, r+1, len(part), offs[len(offs)-1], ons[len(ons)-1])
+	}
+	mOff, mOn := median(offs), median(ons)
+	rep.Rows = append(rep.Rows,
+		row{Name: fmt.Sprintf("%s: replay of %d applied events, pre-filter off, %d worker(s)", store, len(msgs), o.workers), Value: mOff, Unit: "msgs/s", Rounds: offs},
+		row{Name: fmt.Sprintf("%s: the same replay, Redis pre-filter on", store), Value: mOn, Unit: "msgs/s",
+			Baseline: fmt.Sprintf("off %.0f", mOff), Ratio: mOn / mOff, Rounds: ons})
+	return nil
+}
+
+func benchReplay(ctx context.Context, e *env, o options, rep *report) error {
+	if e.rdb == nil {
+		return nil
+	}
+	// PostgreSQL: the keys as a run with the pre-filter on would have left
+	// them: committed in processed_messages and recorded in Redis.
+	if err := pgTables(ctx, e); err != nil {
+		return err
+	}
+	pgc, err := idempotent.NewConsumer(e.pool, "rewards")
+	if err != nil {
+		return err
+	}
+	pgf, err := prefilter.New[idempotent.Effect](pgc, e.rdb, prefilter.Config{})
+	if err != nil {
+		return err
+	}
+	msgs := make([]idempotent.Message, o.replay)
+	ids, hashes := make([]string, o.replay), make([][]byte, o.replay)
+	for i := range msgs {
+		msgs[i] = newMessage()
+		ids[i], hashes[i] = msgs[i].ID.String(), msgs[i].Hash
+	}
+	if _, err := e.pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, payload_hash)
+		SELECT 'rewards', id, h FROM unnest($1::uuid[], $2::bytea[]) AS t(id, h)`, ids, hashes); err != nil {
+		return fmt.Errorf("seed processed_messages: %w", err)
+	}
+	if err := seedRedis(ctx, e, pgf, msgs); err != nil {
+		return err
+	}
+	err = replayBoth(ctx, o, rep, "PostgreSQL", msgs,
+		func(ctx context.Context, m idempotent.Message) (idempotent.Outcome, error) {
+			return pgc.Handle(ctx, m, pgEffect(m, 0))
+		},
+		func(ctx context.Context, m idempotent.Message) (idempotent.Outcome, error) {
+			return pgf.Handle(ctx, m, pgEffect(m, 0))
+		})
+	if err != nil || e.dynamo == nil || o.replayDy == 0 {
+		return err
+	}
+
+	t, err := newDyTables(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer t.drop(ctx, e)
+	dyc, err := t.consumer(e)
+	if err != nil {
+		return err
+	}
+	dyf, err := prefilter.New[idemdynamo.Effect](dyc, e.rdb, prefilter.Config{})
+	if err != nil {
+		return err
+	}
+	dmsgs := make([]idempotent.Message, o.replayDy)
+	for i := range dmsgs {
+		dmsgs[i] = newMessage()
+	}
+	if err := seedDynamo(ctx, e, t, dmsgs); err != nil {
+		return err
+	}
+	if err := seedRedis(ctx, e, dyf, dmsgs); err != nil {
+		return err
+	}
+	eff := func(m idempotent.Message) idemdynamo.Effect {
+		return func(context.Context) ([]types.TransactWriteItem, error) { return t.creditActions(m, 0), nil }
+	}
+	// moto applies one request at a time correctly (see testenv.DynamoDB):
+	// one worker. And it copies every table a transaction touches on each
+	// call, so a cancelled transaction costs in proportion to the dedupe
+	// table's size: hence a smaller replay (-replay-dynamodb) than on
+	// PostgreSQL. On DynamoDB itself the replay's cost is the write units.
+	od := o
+	od.workers = 1
+	return replayBoth(ctx, od, rep, "DynamoDB (moto)", dmsgs,
+		func(ctx context.Context, m idempotent.Message) (idempotent.Outcome, error) {
+			return dyc.Handle(ctx, m, eff(m))
+		},
+		func(ctx context.Context, m idempotent.Message) (idempotent.Outcome, error) {
+			return dyf.Handle(ctx, m, eff(m))
+		})
+}
+
+// seedDynamo writes msgs' dedupe items with BatchWriteItem, 25 a call.
+func seedDynamo(ctx context.Context, e *env, t dyTables, msgs []idempotent.Message) error {
+	for i := 0; i < len(msgs); i += 25 {
+		var reqs []types.WriteRequest
+		for _, m := range msgs[i:min(i+25, len(msgs))] {
+			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: t.bareDedupe(m).Put.Item}})
+		}
+		pending := map[string][]types.WriteRequest{t.dedupe: reqs}
+		for len(pending) > 0 {
+			out, err := e.dynamo.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: pending})
+			if err != nil {
+				return fmt.Errorf("seed dedupe items: %w", err)
+			}
+			pending = out.UnprocessedItems
+		}
+	}
+	return nil
+}
