@@ -52,9 +52,9 @@ func seedRedis[E any](ctx context.Context, e *env, pf *prefilter.Consumer[E], ms
 	return nil
 }
 
-// replay handles every msg with workers goroutines, checks each is a
-// Duplicate, and returns msgs/s.
-func replay(ctx context.Context, msgs []idempotent.Message, workers int, handle func(context.Context, idempotent.Message) (idempotent.Outcome, error)) (float64, error) {
+// replay handles every msg with workers goroutines, checks each outcome is
+// want, and returns msgs/s.
+func replay(ctx context.Context, msgs []idempotent.Message, workers int, want idempotent.Outcome, handle func(context.Context, idempotent.Message) (idempotent.Outcome, error)) (float64, error) {
 	next := make(chan idempotent.Message)
 	var (
 		wg       sync.WaitGroup
@@ -68,10 +68,10 @@ func replay(ctx context.Context, msgs []idempotent.Message, workers int, handle 
 			defer wg.Done()
 			for m := range next {
 				out, err := handle(ctx, m)
-				if out != idempotent.Duplicate {
+				if out != want {
 					mu.Lock()
 					if firstErr == nil {
-						firstErr = fmt.Errorf("replayed event %s: %v, %v; want duplicate", m.ID, out, err)
+						firstErr = fmt.Errorf("event %s: %v, %v; want %v", m.ID, out, err, want)
 					}
 					mu.Unlock()
 				}
@@ -104,7 +104,7 @@ func replayBoth(ctx context.Context, o options, rep *report, store string, msgs 
 			if withFilter {
 				h = on
 			}
-			rate, err := replay(ctx, part, o.workers, h)
+			rate, err := replay(ctx, part, o.workers, idempotent.Duplicate, h)
 			if err != nil {
 				return err
 			}
@@ -161,8 +161,21 @@ func benchReplay(ctx context.Context, e *env, o options, rep *report) error {
 		func(ctx context.Context, m idempotent.Message) (idempotent.Outcome, error) {
 			return pgf.Handle(ctx, m, pgEffect(m, 0))
 		})
-	if err != nil || e.dynamo == nil || o.replayDy == 0 {
+	if err != nil {
 		return err
+	}
+	// New messages spread over the 40 wallets, as payments of many users do.
+	if err := freshBoth(ctx, o, rep, "PostgreSQL", 1000,
+		func(ctx context.Context, m idempotent.Message) (idempotent.Outcome, error) {
+			return pgc.Handle(ctx, m, pgEffect(m, int(m.ID[15])))
+		},
+		func(ctx context.Context, m idempotent.Message) (idempotent.Outcome, error) {
+			return pgf.Handle(ctx, m, pgEffect(m, int(m.ID[15])))
+		}); err != nil {
+		return err
+	}
+	if e.dynamo == nil || o.replayDy == 0 {
+		return nil
 	}
 
 	t, err := newDyTables(ctx, e)
@@ -223,5 +236,44 @@ func seedDynamo(ctx context.Context, e *env, t dyTables, msgs []idempotent.Messa
 			pending = out.UnprocessedItems
 		}
 	}
+	return nil
+}
+
+// freshBoth is what the pre-filter costs where it cannot help: perRound new
+// messages with it off and as many with it on, in o.rounds interleaved
+// rounds.
+func freshBoth(ctx context.Context, o options, rep *report, store string, perRound int,
+	off, on func(context.Context, idempotent.Message) (idempotent.Outcome, error)) error {
+	var offs, ons []float64
+	for r := range o.rounds {
+		order := []bool{false, true}
+		if r%2 == 1 {
+			order = []bool{true, false}
+		}
+		for _, withFilter := range order {
+			msgs := make([]idempotent.Message, perRound)
+			for i := range msgs {
+				msgs[i] = newMessage()
+			}
+			h := off
+			if withFilter {
+				h = on
+			}
+			rate, err := replay(ctx, msgs, o.workers, idempotent.Applied, h)
+			if err != nil {
+				return err
+			}
+			if withFilter {
+				ons = append(ons, rate)
+			} else {
+				offs = append(offs, rate)
+			}
+		}
+	}
+	mOff, mOn := median(offs), median(ons)
+	rep.Rows = append(rep.Rows,
+		row{Name: fmt.Sprintf("%s: new messages, pre-filter off, %d workers", store, o.workers), Value: mOff, Unit: "msgs/s", Rounds: offs},
+		row{Name: fmt.Sprintf("%s: new messages, Redis pre-filter on", store), Value: mOn, Unit: "msgs/s",
+			Baseline: fmt.Sprintf("off %.0f", mOff), Ratio: mOn / mOff, Rounds: ons})
 	return nil
 }
