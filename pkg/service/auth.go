@@ -4,18 +4,40 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/httprate"
 )
 
-// APIKeys maps each client's API key to the client's name. Parse it from
-// "client1:key1,client2:key2" with ParseAPIKeys; keep it in a config field
-// tagged `secret:"true"` so LogConfig masks it.
+// Role is what a client may do. A route names the role it needs
+// (RequireRole); a client holds any number of roles.
+type Role string
+
+// The roles of this project's APIs.
+const (
+	// RoleRead reads state: wallets, notifications, rates, deliveries.
+	RoleRead Role = "read"
+	// RoleAdmin changes state an operator owns: cashback rates, fault
+	// injection, anything else that is not a customer's own request.
+	RoleAdmin Role = "admin"
+	// RolePay charges, reads and refunds the client's own payments.
+	RolePay Role = "pay"
+)
+
+// Roles are every role ParseAPIKeys knows.
+var Roles = []Role{RoleRead, RoleAdmin, RolePay}
+
+// APIKeys are the clients of an API: each client's name, the digest of its
+// key and its roles. Parse it from "name[/role+role]:key,..." with
+// ParseAPIKeys; keep the source in a config field tagged `secret:"true"` so
+// LogConfig masks it.
 type APIKeys struct {
 	clients []apiClient
 }
@@ -23,6 +45,7 @@ type APIKeys struct {
 type apiClient struct {
 	name   string
 	digest [sha256.Size]byte
+	roles  []Role
 }
 
 // MinAPIKeyLength is the shortest key ParseAPIKeys accepts: 128 bits of
@@ -31,71 +54,149 @@ const MinAPIKeyLength = 32
 
 var clientName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 
-// ParseAPIKeys reads "name:key[,name:key...]". Names must be unique and
-// plain (letters, digits, _ . -); keys at least MinAPIKeyLength bytes. The
-// error never contains a key.
-func ParseAPIKeys(s string) (APIKeys, error) {
+// ParseAPIKeys reads "name[/role+role]:key[,...]", e.g.
+// "web:K1,ops/read+admin:K2". An entry without roles gets def. Names must
+// be unique and plain (letters, digits, _ . -), roles among Roles, keys at
+// least MinAPIKeyLength bytes, and no two clients may share a key (the
+// service could not tell them apart). The error never contains a key.
+func ParseAPIKeys(s string, def ...Role) (APIKeys, error) {
 	var ks APIKeys
 	seen := map[string]bool{}
 	for i, part := range strings.Split(s, ",") {
-		name, key, ok := strings.Cut(strings.TrimSpace(part), ":")
+		who, key, ok := strings.Cut(strings.TrimSpace(part), ":")
+		name, roleList, hasRoles := strings.Cut(who, "/")
+		roles := slices.Clone(def)
+		if hasRoles {
+			roles = nil
+			for _, r := range strings.Split(roleList, "+") {
+				if !slices.Contains(Roles, Role(r)) {
+					return APIKeys{}, fmt.Errorf("entry %d (client %s): role %q: want %s", i+1, name, r, roleNames(Roles))
+				}
+				roles = append(roles, Role(r))
+			}
+		}
 		switch {
 		case !ok:
-			return APIKeys{}, fmt.Errorf("entry %d: want name:key", i+1)
+			return APIKeys{}, fmt.Errorf("entry %d: want name[/role+role]:key", i+1)
 		case !clientName.MatchString(name):
 			return APIKeys{}, fmt.Errorf("entry %d: client name %q: want 1-64 of A-Z a-z 0-9 _ . -", i+1, name)
 		case seen[name]:
 			return APIKeys{}, fmt.Errorf("entry %d: client %q listed twice", i+1, name)
 		case len(key) < MinAPIKeyLength:
 			return APIKeys{}, fmt.Errorf("entry %d (client %s): key shorter than %d bytes", i+1, name, MinAPIKeyLength)
+		case len(roles) == 0:
+			return APIKeys{}, fmt.Errorf("entry %d (client %s): no roles: write %s/<role>:<key>, role one of %s", i+1, name, name, roleNames(Roles))
+		}
+		d := sha256.Sum256([]byte(key))
+		for _, c := range ks.clients {
+			if c.digest == d {
+				return APIKeys{}, fmt.Errorf("clients %s and %s have the same key: give each client its own", c.name, name)
+			}
 		}
 		seen[name] = true
-		ks.clients = append(ks.clients, apiClient{name: name, digest: sha256.Sum256([]byte(key))})
+		ks.clients = append(ks.clients, apiClient{name: name, digest: d, roles: roles})
 	}
 	return ks, nil
+}
+
+func roleNames(rs []Role) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ", ")
+}
+
+// Need fails unless, for each of roles, at least one client holds it: a
+// service whose routes need a role nobody has would refuse every call, so
+// it refuses to start instead.
+func (ks APIKeys) Need(roles ...Role) error {
+	var missing []string
+	for _, r := range roles {
+		if !slices.ContainsFunc(ks.clients, func(c apiClient) bool { return slices.Contains(c.roles, r) }) {
+			missing = append(missing, string(r))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("no client has the role %s, which the API's routes need (add e.g. ops/%s:$(openssl rand -hex 24))",
+			strings.Join(missing, ", "), strings.Join(missing, "+"))
+	}
+	return nil
 }
 
 // Client names the client whose key this is, or "" for none. It compares
 // digests of equal length in constant time and looks at every key, so the
 // time taken says nothing about how close a guess was or whose key it was.
 func (ks APIKeys) Client(key string) string {
+	c, _ := ks.lookup(key)
+	return c.name
+}
+
+func (ks APIKeys) lookup(key string) (apiClient, bool) {
 	d := sha256.Sum256([]byte(key))
-	found := ""
+	var found apiClient
+	ok := false
 	for _, c := range ks.clients {
 		if subtle.ConstantTimeCompare(d[:], c.digest[:]) == 1 {
-			found = c.name
+			found, ok = c, true
 		}
 	}
-	return found
+	return found, ok
 }
 
 type clientKey struct{}
 
+type caller struct {
+	name  string
+	roles []Role
+}
+
 // ClientOf is the authenticated client of a request that went through
 // RequireAPIKey, or "".
 func ClientOf(ctx context.Context) string {
-	c, _ := ctx.Value(clientKey{}).(string)
-	return c
+	c, _ := ctx.Value(clientKey{}).(caller)
+	return c.name
 }
 
 // RequireAPIKey refuses, with 401 and a WWW-Authenticate challenge, every
 // request without "Authorization: Bearer <key>" of a known client, and puts
-// the client's name in the request's context (ClientOf).
+// the client (its name, ClientOf, and its roles, for RequireRole) in the
+// request's context.
 func RequireAPIKey(ks APIKeys) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			scheme, key, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-			client := ""
+			var (
+				c  apiClient
+				ok bool
+			)
 			if strings.EqualFold(scheme, "Bearer") && key != "" {
-				client = ks.Client(strings.TrimSpace(key))
+				c, ok = ks.lookup(strings.TrimSpace(key))
 			}
-			if client == "" {
+			if !ok {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="api"`)
 				WriteError(w, http.StatusUnauthorized, "unauthorized", "Authorization",
 					"send Authorization: Bearer <your API key>")
 				return
 			}
-			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientKey{}, client)))
+			ctx := context.WithValue(r.Context(), clientKey{}, caller{name: c.name, roles: c.roles})
+			next.ServeHTTP(w, r.WithContext(ctx))
+		})
+	}
+}
+
+// RequireRole refuses with 403, naming the role (never the key), a request
+// whose client (RequireAPIKey) lacks role.
+func RequireRole(role Role) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			c, _ := r.Context().Value(clientKey{}).(caller)
+			if !slices.Contains(c.roles, role) {
+				WriteError(w, http.StatusForbidden, "forbidden", "Authorization",
+					fmt.Sprintf("this client lacks the role %q, which this route needs", role))
+				return
+			}
+			next.ServeHTTP(w, r)
 		})
 	}
 }
@@ -112,8 +213,73 @@ func RateLimitPerClient(limit int, window time.Duration) func(http.Handler) http
 			}
 			return httprate.KeyByIP(r)
 		}),
-		httprate.WithLimitHandler(func(w http.ResponseWriter, r *http.Request) {
-			WriteError(w, http.StatusTooManyRequests, "rate_limited", "",
-				fmt.Sprintf("more than %d requests in %v: slow down and retry after the Retry-After header's seconds", limit, window))
-		}))
+		httprate.WithLimitHandler(tooMany(limit, window)))
+}
+
+// RateLimitPerAddress allows each remote address (the connection's, never
+// a header the caller writes) at most limit requests per window, whatever
+// they carry: it runs before authentication, so a flood of requests without
+// a key, or with wrong ones, is cut off before any key is hashed.
+func RateLimitPerAddress(limit int, window time.Duration) func(http.Handler) http.Handler {
+	return httprate.Limit(limit, window, httprate.WithKeyFuncs(httprate.KeyByIP),
+		httprate.WithLimitHandler(tooMany(limit, window)))
+}
+
+func tooMany(limit int, window time.Duration) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		WriteError(w, http.StatusTooManyRequests, "rate_limited", "",
+			fmt.Sprintf("more than %d requests in %v: slow down and retry after the Retry-After header's seconds", limit, window))
+	}
+}
+
+// AccessEnv is who may call a service's API and how often, as environment
+// variables; embed it with the service's prefix (`envPrefix:"REWARDS_"`
+// reads REWARDS_API_KEYS, REWARDS_RATE_LIMIT, ...).
+type AccessEnv struct {
+	// APIKeys: the clients, "name[/role+role]:key,..." (see ParseAPIKeys).
+	APIKeys string `env:"API_KEYS" secret:"true"`
+	// RateLimit requests per RateWindow per client; more get 429.
+	RateLimit  int           `env:"RATE_LIMIT" envDefault:"1000"`
+	RateWindow time.Duration `env:"RATE_WINDOW" envDefault:"1s"`
+	// AddressRateLimit requests per RateWindow per remote address, counted
+	// before the key is looked at.
+	AddressRateLimit int `env:"RATE_LIMIT_PER_ADDRESS" envDefault:"2000"`
+}
+
+// Access is a parsed AccessEnv.
+type Access struct {
+	Keys                        APIKeys
+	RateLimit, AddressRateLimit int
+	RateWindow                  time.Duration
+}
+
+// Parse checks e: keys present and well formed, some client holding each
+// of need, limits positive. prefix names the variables in errors. def are
+// the roles of an entry that names none.
+func (e AccessEnv) Parse(prefix string, need []Role, def ...Role) (Access, error) {
+	var errs []error
+	a := Access{RateLimit: e.RateLimit, AddressRateLimit: e.AddressRateLimit, RateWindow: e.RateWindow}
+	if e.APIKeys == "" {
+		errs = append(errs, fmt.Errorf("%sAPI_KEYS is empty: the API needs clients with the roles %s, e.g. %sAPI_KEYS=ops/%s:$(openssl rand -hex 24)",
+			prefix, roleNames(need), prefix, strings.ReplaceAll(roleNames(need), ", ", "+")))
+	} else if ks, err := ParseAPIKeys(e.APIKeys, def...); err != nil {
+		errs = append(errs, fmt.Errorf("%sAPI_KEYS: %w", prefix, err))
+	} else if err := ks.Need(need...); err != nil {
+		errs = append(errs, fmt.Errorf("%sAPI_KEYS: %w", prefix, err))
+	} else {
+		a.Keys = ks
+	}
+	if e.RateLimit <= 0 || e.RateWindow <= 0 || e.AddressRateLimit <= 0 {
+		errs = append(errs, fmt.Errorf("%[1]sRATE_LIMIT, %[1]sRATE_LIMIT_PER_ADDRESS and %[1]sRATE_WINDOW must be positive", prefix))
+	}
+	return a, errors.Join(errs...)
+}
+
+// Protect makes every route of r need a client's key: per remote address
+// rate limit first (before any key is hashed), then the key (401), then
+// the client's own rate limit. Each route then names its role with
+// RequireRole (403).
+func (a Access) Protect(r chi.Router) {
+	r.Use(RateLimitPerAddress(a.AddressRateLimit, a.RateWindow), RequireAPIKey(a.Keys),
+		RateLimitPerClient(a.RateLimit, a.RateWindow))
 }

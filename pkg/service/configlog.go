@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/url"
 	"reflect"
+	"regexp"
 	"strings"
 )
 
@@ -60,15 +61,33 @@ func configValue(v reflect.Value, secret bool) string {
 	return RedactURL(s)
 }
 
-// RedactURL returns s with the password of a URL replaced by "xxxxx"; any
-// other string is returned as it is.
+// RedactURL returns s with every password pgx accepts in a connection
+// string replaced by "xxxxx": the user info of a URL
+// (postgres://u:pw@host), its query parameters password= and sslpassword=,
+// and the same keys in the keyword/value form (host=h password=pw, or
+// password='p w' quoted). Any other string is returned as it is.
 func RedactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
+	if u, err := url.Parse(s); err == nil && u.Scheme != "" && u.Host != "" {
+		changed := false
+		if _, has := u.User.Password(); has {
+			u.User, changed = url.UserPassword(u.User.Username(), "xxxxx"), true
+		}
+		q := u.Query()
+		for _, k := range []string{"password", "sslpassword"} {
+			if q.Has(k) {
+				q.Set(k, "xxxxx")
+				changed = true
+			}
+		}
+		if !changed {
+			return s
+		}
+		u.RawQuery = q.Encode()
+		return u.String()
 	}
-	if _, has := u.User.Password(); !has {
-		return s
-	}
-	return u.Redacted()
+	return kvPassword.ReplaceAllString(s, "${1}xxxxx")
 }
+
+// kvPassword is a password (or sslpassword) in libpq's keyword/value form:
+// a single-quoted value with \' and \\ escapes, or a bare word.
+var kvPassword = regexp.MustCompile(`((?:^|\s)(?:ssl)?password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s']\S*|'.*)`)

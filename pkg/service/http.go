@@ -21,7 +21,9 @@ type Check func(ctx context.Context) error
 // the request), a server span per request continuing the caller's W3C trace
 // (named by route, e.g. "POST /v1/payments/{id}/refund"), panic recovery,
 // access logs, and the endpoints every service exposes: /healthz (the
-// process is up), /readyz (every check passes within 2 s) and /metrics.
+// process is up), /readyz (every check passes within 2 s; the body names
+// each check with "ok" or "failing", the error goes to the log) and
+// /metrics. These three need no key.
 func NewRouter(log *slog.Logger, metrics http.Handler, checks map[string]Check) chi.Router {
 	r := chi.NewRouter()
 	r.Use(middleware.RequestID, echoRequestID,
@@ -36,7 +38,10 @@ func NewRouter(log *slog.Logger, metrics http.Handler, checks map[string]Check) 
 		status, code := map[string]string{}, http.StatusOK
 		for name, check := range checks {
 			if err := check(ctx); err != nil {
-				status[name], code = err.Error(), http.StatusServiceUnavailable
+				// The detail (a host, a driver's message) is for the log:
+				// the endpoint is open to anyone who can reach it.
+				log.WarnContext(req.Context(), "readiness check failing", "check", name, "error", err)
+				status[name], code = "failing", http.StatusServiceUnavailable
 			} else {
 				status[name] = "ok"
 			}
@@ -99,6 +104,8 @@ type ErrorDetail struct {
 	Code    string `json:"code"`
 	Field   string `json:"field,omitempty"`
 	Message string `json:"message"`
+	// RequestID is set on 500s: the id to find the detail in the log by.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // WriteJSON writes v as a JSON response with status.
@@ -111,4 +118,14 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 // WriteError writes an ErrorBody.
 func WriteError(w http.ResponseWriter, status int, code, field, message string) {
 	WriteJSON(w, status, ErrorBody{ErrorDetail{Code: code, Field: field, Message: message}})
+}
+
+// InternalError answers 500 with code "internal" and the request's id, and
+// logs err under that id. The body never carries err: its text (SQL,
+// hosts, driver messages) is for the operator, not the caller.
+func InternalError(w http.ResponseWriter, r *http.Request, log *slog.Logger, msg string, err error) {
+	id := middleware.GetReqID(r.Context())
+	log.ErrorContext(r.Context(), msg, "error", err) // the handler adds request_id
+	WriteJSON(w, http.StatusInternalServerError, ErrorBody{ErrorDetail{Code: "internal",
+		Message: "internal error; quote the request id to the operator", RequestID: id}})
 }

@@ -11,11 +11,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -227,11 +229,48 @@ func envDuration(name string, def time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
-// ListenAddr turns a port number or address into a listen address
-// (":8081" for "8081").
-func ListenAddr(portOrAddr string) string {
-	if strings.Contains(portOrAddr, ":") {
-		return portOrAddr
+// DefaultListenHost is the interface a service binds when LISTEN_ADDR is
+// unset: loopback only, so a service started by hand is unreachable from
+// the network until someone decides otherwise (containers set
+// LISTEN_ADDR=0.0.0.0).
+const DefaultListenHost = "127.0.0.1"
+
+// ListenAddr is the address to listen on from LISTEN_ADDR (host, an IP or
+// a name; "" means DefaultListenHost) and PORT (a port number). A PORT of
+// the form host:port is the whole address, as before LISTEN_ADDR existed;
+// then LISTEN_ADDR must be unset.
+func ListenAddr(host, port string) (string, error) {
+	if h, p, err := net.SplitHostPort(port); err == nil {
+		if host != "" {
+			return "", fmt.Errorf("PORT %q names a host and LISTEN_ADDR %q another: set the host in LISTEN_ADDR only", port, host)
+		}
+		host, port = h, p
+		if host == "" {
+			host = "0.0.0.0" // ":8081": every interface, as written
+		}
 	}
-	return ":" + portOrAddr
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return "", fmt.Errorf("PORT %q: want a port number", port)
+	}
+	if host == "" {
+		host = DefaultListenHost
+	}
+	if strings.ContainsAny(host, " /") {
+		return "", fmt.Errorf("LISTEN_ADDR %q: want a host such as 127.0.0.1 or 0.0.0.0", host)
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// Loopback reports whether addr (host:port) only accepts connections from
+// this machine: a loopback IP or "localhost".
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

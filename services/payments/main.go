@@ -9,14 +9,17 @@
 // /healthz, /readyz and /metrics on PORT); migrate applies the schema and
 // exits. Every role applies the schema at start (safe from many replicas).
 //
-// Environment: PAYMENTS_DATABASE_URL (required), PORT [8081], ROLE [all],
+// Environment: PAYMENTS_DATABASE_URL (required), PORT [8081], LISTEN_ADDR
+// [127.0.0.1; 0.0.0.0 in a container], ROLE [all],
 // RELAY_ENABLED [true], PAYMENTS_QUEUE [payments-events], STRIPE_URL
 // [http://127.0.0.1:12111, stripe-mock; https://api.stripe.com for real],
 // STRIPE_API_KEY [sk_test_123], STRIPE_PAYMENT_METHOD [pm_card_visa],
 // STRIPE_TIMEOUT [20s], IDEMPOTENCY_LOCK_TIMEOUT [1m], IDEMPOTENCY_KEY_TTL
-// [24h], STARTUP_WAIT [60s], PAYMENTS_API_KEYS (name:key,... required for
-// the api and all roles), PAYMENTS_RATE_LIMIT [1000] per PAYMENTS_RATE_WINDOW
-// [1s] per client, LOG_LEVEL [info], FAILPOINTS, the relay's
+// [24h], STARTUP_WAIT [60s], PAYMENTS_API_KEYS (name[/pay]:key,... required
+// for the api and all roles; see service.ParseAPIKeys), PAYMENTS_RATE_LIMIT
+// [1000] per PAYMENTS_RATE_WINDOW [1s] per client and
+// PAYMENTS_RATE_LIMIT_PER_ADDRESS [2000] per remote address, LOG_LEVEL
+// [info], FAILPOINTS, the relay's
 // tuning RELAY_LEASE, RELAY_POLL_INTERVAL, ... (service.RelayEnv), and the
 // standard AWS_* variables (AWS_ENDPOINT_URL for a local SQS).
 package main
@@ -28,7 +31,6 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -44,8 +46,10 @@ import (
 )
 
 type config struct {
-	DatabaseURL         string        `env:"PAYMENTS_DATABASE_URL,required,notEmpty"`
-	Port                string        `env:"PORT" envDefault:"8081"`
+	DatabaseURL string `env:"PAYMENTS_DATABASE_URL,required,notEmpty"`
+	Port        string `env:"PORT" envDefault:"8081"`
+	ListenAddr  string `env:"LISTEN_ADDR"` // host to bind; "" = 127.0.0.1
+
 	Role                string        `env:"ROLE" envDefault:"all"`
 	RelayEnabled        bool          `env:"RELAY_ENABLED" envDefault:"true"`
 	Queue               string        `env:"PAYMENTS_QUEUE" envDefault:"payments-events"`
@@ -56,11 +60,11 @@ type config struct {
 	LockTimeout         time.Duration `env:"IDEMPOTENCY_LOCK_TIMEOUT" envDefault:"1m"`
 	KeyTTL              time.Duration `env:"IDEMPOTENCY_KEY_TTL" envDefault:"24h"`
 	StartupWait         time.Duration `env:"STARTUP_WAIT" envDefault:"60s"`
-	// API clients, "name:key,name:key" (keys >= 32 bytes); required for
-	// the api and all roles.
-	APIKeys    string        `env:"PAYMENTS_API_KEYS" secret:"true"`
-	RateLimit  int           `env:"PAYMENTS_RATE_LIMIT" envDefault:"1000"`
-	RateWindow time.Duration `env:"PAYMENTS_RATE_WINDOW" envDefault:"1s"`
+	// API clients and limits: PAYMENTS_API_KEYS ("name[/roles]:key,...",
+	// keys >= 32 bytes, an entry without roles has the role pay; required
+	// for the api and all roles), PAYMENTS_RATE_LIMIT,
+	// PAYMENTS_RATE_LIMIT_PER_ADDRESS, PAYMENTS_RATE_WINDOW.
+	Access service.AccessEnv `envPrefix:"PAYMENTS_"`
 	// Relay tuning, RELAY_LEASE etc. (see service.RelayEnv); unset: defaults.
 	Relay service.RelayEnv `envPrefix:"RELAY_"`
 }
@@ -101,8 +105,8 @@ func loadConfig(args []string) (config, error) {
 	if _, err := pgxpool.ParseConfig(cfg.DatabaseURL); err != nil {
 		errs = append(errs, fmt.Errorf("PAYMENTS_DATABASE_URL: %w", err))
 	}
-	if p, err := strconv.Atoi(cfg.Port); err != nil || p < 0 || p > 65535 {
-		errs = append(errs, fmt.Errorf("PORT %q: want a port number", cfg.Port))
+	if _, err := service.ListenAddr(cfg.ListenAddr, cfg.Port); err != nil {
+		errs = append(errs, err)
 	}
 	if u, err := url.Parse(cfg.StripeURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		errs = append(errs, fmt.Errorf("STRIPE_URL %q: want an http(s) URL such as http://127.0.0.1:12111 (stripe-mock) or https://api.stripe.com", cfg.StripeURL))
@@ -119,14 +123,9 @@ func loadConfig(args []string) (config, error) {
 		errs = append(errs, fmt.Errorf("STRIPE_TIMEOUT (%v) must be below 3/4 of IDEMPOTENCY_LOCK_TIMEOUT (%v): a charge must end before its key's lease", cfg.StripeTimeout, cfg.LockTimeout))
 	}
 	if cfg.Role == "all" || cfg.Role == "api" {
-		if cfg.APIKeys == "" {
-			errs = append(errs, errors.New("PAYMENTS_API_KEYS is empty: the API needs at least one client, e.g. PAYMENTS_API_KEYS=web:$(openssl rand -hex 24)"))
-		} else if _, err := service.ParseAPIKeys(cfg.APIKeys); err != nil {
-			errs = append(errs, fmt.Errorf("PAYMENTS_API_KEYS: %w", err))
+		if _, err := cfg.Access.Parse("PAYMENTS_", api.Needs, service.RolePay); err != nil {
+			errs = append(errs, err)
 		}
-	}
-	if cfg.RateLimit <= 0 || cfg.RateWindow <= 0 {
-		errs = append(errs, errors.New("PAYMENTS_RATE_LIMIT and PAYMENTS_RATE_WINDOW must be positive"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return cfg, fmt.Errorf("configuration: %w", err)
@@ -171,11 +170,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			URL: cfg.StripeURL, APIKey: cfg.StripeAPIKey, PaymentMethod: cfg.StripePaymentMethod,
 			Timeout: cfg.StripeTimeout, Logger: log,
 		})
-		clients, err := service.ParseAPIKeys(cfg.APIKeys)
+		access, err := cfg.Access.Parse("PAYMENTS_", api.Needs, service.RolePay)
 		if err != nil {
 			return err
 		}
-		srv, err := api.New(pool, keys, gw, log, api.Access{Keys: clients, RateLimit: cfg.RateLimit, RateWindow: cfg.RateWindow})
+		srv, err := api.New(pool, keys, gw, log, access)
 		if err != nil {
 			return err
 		}
@@ -194,7 +193,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		checks["sqs "+cfg.Queue] = service.QueueCheck(client, cfg.Queue) // before the server starts: no race
 		tasks = append(tasks, service.Task{Name: "outbox relay " + cfg.Queue, Run: relay.Run})
 	}
-	tasks = append(tasks, service.HTTPTask(service.ListenAddr(cfg.Port), router, log))
+	addr, err := service.ListenAddr(cfg.ListenAddr, cfg.Port)
+	if err != nil {
+		return err
+	}
+	tasks = append(tasks, service.HTTPTask(addr, router, log))
 	return service.Run(ctx, log, tasks...)
 }
 

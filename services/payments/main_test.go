@@ -53,9 +53,13 @@ func TestConfigErrorsAreClear(t *testing.T) {
 		{"no API keys for the API", map[string]string{"PAYMENTS_API_KEYS": ""}, nil, "PAYMENTS_API_KEYS is empty"},
 		{"no API keys needed by the relay", map[string]string{"PAYMENTS_API_KEYS": ""}, []string{"relay"}, ""},
 		{"short API key", map[string]string{"PAYMENTS_API_KEYS": "web:short"}, nil, "key shorter than 32 bytes"},
-		{"API key without a client name", map[string]string{"PAYMENTS_API_KEYS": testAPIKey}, nil, "want name:key"},
+		{"API key without a client name", map[string]string{"PAYMENTS_API_KEYS": testAPIKey}, nil, "want name[/role+role]:key"},
 		{"a client twice", map[string]string{"PAYMENTS_API_KEYS": "web:" + testAPIKey + ",web:" + testAPIKey + "2"}, nil, `client "web" listed twice`},
 		{"zero rate limit", map[string]string{"PAYMENTS_RATE_LIMIT": "0"}, nil, "PAYMENTS_RATE_LIMIT"},
+		{"two clients with one key", map[string]string{"PAYMENTS_API_KEYS": "web:" + testAPIKey + ",ops:" + testAPIKey}, nil, "clients web and ops have the same key"},
+		{"a client without the role pay", map[string]string{"PAYMENTS_API_KEYS": "web/read:" + testAPIKey}, nil, "no client has the role pay"},
+		{"an unknown role", map[string]string{"PAYMENTS_API_KEYS": "web/root:" + testAPIKey}, nil, `role "root"`},
+		{"a host in PORT and in LISTEN_ADDR", map[string]string{"PORT": "0.0.0.0:8081", "LISTEN_ADDR": "127.0.0.1"}, nil, "LISTEN_ADDR"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -111,7 +115,7 @@ func (s *stack) config(t *testing.T, role string) config {
 		Queue: path.Base(s.queueURL), StripeURL: s.stripe, StripeAPIKey: "sk_test_123",
 		StripePaymentMethod: "pm_card_visa", StripeTimeout: 5 * time.Second, LockTimeout: time.Minute,
 		KeyTTL: 24 * time.Hour, StartupWait: 20 * time.Second,
-		APIKeys: "web:" + testAPIKey, RateLimit: 1000, RateWindow: time.Second,
+		Access: service.AccessEnv{APIKeys: "web:" + testAPIKey, RateLimit: 1000, AddressRateLimit: 1000, RateWindow: time.Second},
 	}
 }
 

@@ -2,6 +2,8 @@
 package api
 
 import (
+	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -36,13 +38,32 @@ type Notification struct {
 	SentAt            *time.Time `json:"sent_at,omitempty"`
 }
 
-// Routes mounts, on r:
+// Needs are the roles the routes need: the service refuses to start
+// without a client for each.
+var Needs = []service.Role{service.RoleRead}
+
+// Routes mounts, on r, behind the caller's address's rate limit, a key of
+// a client with the role read (401 without a key, 403 without the role)
+// and that client's rate limit:
 //
 //	GET /v1/notifications?event_id=<uuid>[&status=SENT][&limit=100]
 //	    {"notifications":[...]}: the rows of that event (one per channel),
 //	    or, without event_id, the most recent ones (newest first).
-func Routes(r chi.Router, pool *pgxpool.Pool) {
-	r.Get("/v1/notifications", func(w http.ResponseWriter, req *http.Request) {
+//
+// Rows hold phone numbers: that is why reading them needs a key.
+func Routes(r chi.Router, pool *pgxpool.Pool, log *slog.Logger, access service.Access) error {
+	if err := access.Keys.Need(Needs...); err != nil {
+		return fmt.Errorf("notifications api: %w", err)
+	}
+	r.Group(func(r chi.Router) {
+		access.Protect(r)
+		r.With(service.RequireRole(service.RoleRead)).Get("/v1/notifications", list(pool, log))
+	})
+	return nil
+}
+
+func list(pool *pgxpool.Pool, log *slog.Logger) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
 		q := req.URL.Query()
 		var eventID *uuid.UUID
 		if s := q.Get("event_id"); s != "" {
@@ -82,6 +103,6 @@ func Routes(r chi.Router, pool *pgxpool.Pool) {
 				return
 			}
 		}
-		service.WriteError(w, http.StatusInternalServerError, "internal", "", err.Error())
-	})
+		service.InternalError(w, req, log, "list notifications", err)
+	}
 }

@@ -32,9 +32,15 @@ const ConsumerName = "notifications"
 
 // Config is the service's environment.
 type Config struct {
-	DatabaseURL  string `env:"NOTIFICATIONS_DATABASE_URL,required,notEmpty"`
-	Port         string `env:"PORT" envDefault:"8083"`
-	RewardsQueue string `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
+	DatabaseURL string `env:"NOTIFICATIONS_DATABASE_URL,required,notEmpty"`
+	Port        string `env:"PORT" envDefault:"8083"`
+	// ListenAddr is the host to bind ("" = 127.0.0.1; 0.0.0.0 in a container).
+	ListenAddr string `env:"LISTEN_ADDR"`
+	// Access: NOTIFICATIONS_API_KEYS ("name[/read]:key,..."; an entry
+	// without roles may read; required), NOTIFICATIONS_RATE_LIMIT,
+	// NOTIFICATIONS_RATE_LIMIT_PER_ADDRESS, NOTIFICATIONS_RATE_WINDOW.
+	Access       service.AccessEnv `envPrefix:"NOTIFICATIONS_"`
+	RewardsQueue string            `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
 	// Concurrency is how many rewards-events messages are received at once.
 	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
 	// DedupeRetention is the inbox's dedupe window (>= SQS's 14 days + 1).
@@ -112,6 +118,14 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	if err != nil {
 		return nil, err
 	}
+	addr, err := service.ListenAddr(cfg.ListenAddr, cfg.Port)
+	if err != nil {
+		return nil, err
+	}
+	access, err := cfg.Access.Parse("NOTIFICATIONS_", api.Needs, service.RoleRead)
+	if err != nil {
+		return nil, err
+	}
 	if err := Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
@@ -164,9 +178,11 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 
 	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping,
 		"sqs " + cfg.RewardsQueue: service.QueueCheck(client, cfg.RewardsQueue)})
-	api.Routes(r, pool)
+	if err := api.Routes(r, pool, log, access); err != nil {
+		return nil, err
+	}
 	return &App{Sender: snd, Inbox: inbox, Router: r, subscriber: sub, processor: proc, maintainer: maint,
-		addr: service.ListenAddr(cfg.Port), log: log}, nil
+		addr: addr, log: log}, nil
 }
 
 // receiver stores each delivery in the inbox and acks it at once. Events

@@ -1,6 +1,7 @@
-// Package smsprovider is a development SMS provider that behaves like a
-// careful real one, so the notifications service can be tested against
-// honest semantics instead of a mock:
+// Package smsprovider is a TEST DOUBLE: a development SMS provider that
+// sends nothing to any phone but behaves like a careful real one, so the
+// notifications service can be tested against honest semantics instead of
+// a mock. Never point a production deployment at it.
 //
 //	POST /v1/messages        header Idempotency-Key (required), body {"to","body"}.
 //	                         The first request under a key is "delivered" and its
@@ -17,6 +18,11 @@
 //	POST /v1/reset           forget every message and fault.
 //	GET  /healthz
 //
+// The first two are the sender's API, open as a provider's sandbox is
+// (ServeHTTP serves only them and /healthz). Handler adds the rest behind
+// API keys: deliveries and GET control need the role read (they hold phone
+// numbers), POST control and reset the role admin.
+//
 // State lives in memory (it is a dev tool) and is safe for concurrent use.
 package smsprovider
 
@@ -27,6 +33,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/go-chi/chi/v5"
 
 	"github.com/effectively-once/payments-cashback/pkg/service"
 )
@@ -91,7 +99,7 @@ type Server struct {
 	order    []string       // keys in delivery order
 	seq      int
 	ctl      control
-	mux      *http.ServeMux
+	mux      *http.ServeMux // the sender's API
 	sleep    func(time.Duration) // time.Sleep; tests may shorten it
 }
 
@@ -102,19 +110,43 @@ func New() *Server {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST /v1/messages", s.send)
 	s.mux.HandleFunc("GET /v1/messages", s.lookup)
-	s.mux.HandleFunc("GET /v1/deliveries", s.deliveries)
-	s.mux.HandleFunc("POST /v1/control", s.setControl)
-	s.mux.HandleFunc("GET /v1/control", s.getControl)
-	s.mux.HandleFunc("POST /v1/reset", func(w http.ResponseWriter, _ *http.Request) {
-		s.mu.Lock()
-		s.reset()
-		s.mu.Unlock()
-		writeJSON(w, http.StatusOK, map[string]string{"status": "reset"})
-	})
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
+	s.mux.HandleFunc("GET /healthz", health)
 	return s
+}
+
+// Needs are the roles Handler's routes need.
+var Needs = []service.Role{service.RoleRead, service.RoleAdmin}
+
+// Handler is the provider as its command serves it: the sender's API and
+// /healthz open, deliveries and GET /v1/control behind a key with the role
+// read, POST /v1/control and /v1/reset behind the role admin (401 without
+// a key, 403 without the role), after access's rate limits.
+func (s *Server) Handler(access service.Access) (http.Handler, error) {
+	if err := access.Keys.Need(Needs...); err != nil {
+		return nil, fmt.Errorf("smsprovider: %w", err)
+	}
+	r := chi.NewRouter()
+	r.Post("/v1/messages", s.send)
+	r.Get("/v1/messages", s.lookup)
+	r.Get("/healthz", health)
+	r.Group(func(r chi.Router) {
+		access.Protect(r)
+		read, admin := service.RequireRole(service.RoleRead), service.RequireRole(service.RoleAdmin)
+		r.With(read).Get("/v1/deliveries", s.deliveries)
+		r.With(read).Get("/v1/control", s.getControl)
+		r.With(admin).Post("/v1/control", s.setControl)
+		r.With(admin).Post("/v1/reset", func(w http.ResponseWriter, _ *http.Request) {
+			s.mu.Lock()
+			s.reset()
+			s.mu.Unlock()
+			writeJSON(w, http.StatusOK, map[string]string{"status": "reset"})
+		})
+	})
+	return r, nil
+}
+
+func health(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 func (s *Server) reset() {
@@ -122,6 +154,7 @@ func (s *Server) reset() {
 	s.ctl = control{FailStatus: http.StatusServiceUnavailable}
 }
 
+// ServeHTTP serves the sender's API (send, lookup) and /healthz only.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 func (s *Server) send(w http.ResponseWriter, r *http.Request) {

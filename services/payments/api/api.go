@@ -29,9 +29,9 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
@@ -57,14 +57,8 @@ type Gateway interface {
 	Refund(ctx context.Context, paymentID, intentID string) (refundID string, err error)
 }
 
-// Access says who may call the API and how often.
-type Access struct {
-	// Keys are the clients' API keys (Authorization: Bearer <key>).
-	Keys service.APIKeys
-	// RateLimit requests per RateWindow per client; more get 429.
-	RateLimit  int
-	RateWindow time.Duration
-}
+// Needs are the roles the API's routes need: every route wants RolePay.
+var Needs = []service.Role{service.RolePay}
 
 // Server serves the API.
 type Server struct {
@@ -72,16 +66,19 @@ type Server struct {
 	keys   *httpidem.Store
 	gw     Gateway
 	log    *slog.Logger
-	access Access
+	access service.Access
 
 	created, refunded metric.Int64Counter
 }
 
 // New returns the API on pool (migrated), keys and gw, open to the clients
 // of access.
-func New(pool *pgxpool.Pool, keys *httpidem.Store, gw Gateway, log *slog.Logger, access Access) (*Server, error) {
-	if access.RateLimit <= 0 || access.RateWindow <= 0 {
-		return nil, errors.New("api: RateLimit and RateWindow must be positive")
+func New(pool *pgxpool.Pool, keys *httpidem.Store, gw Gateway, log *slog.Logger, access service.Access) (*Server, error) {
+	if access.RateLimit <= 0 || access.RateWindow <= 0 || access.AddressRateLimit <= 0 {
+		return nil, errors.New("api: RateLimit, AddressRateLimit and RateWindow must be positive")
+	}
+	if err := access.Keys.Need(Needs...); err != nil {
+		return nil, fmt.Errorf("api: %w", err)
 	}
 	s := &Server{pool: pool, keys: keys, gw: gw, log: log, access: access}
 	m := otel.Meter("github.com/effectively-once/payments-cashback/services/payments")
@@ -96,13 +93,17 @@ func New(pool *pgxpool.Pool, keys *httpidem.Store, gw Gateway, log *slog.Logger,
 }
 
 // Routes adds the API's routes to r (a service.NewRouter). Every route
-// needs a client's API key and counts against that client's rate limit;
-// both are checked before anything is read or written. The router's server
+// counts against the caller's address's rate limit, needs a key of a
+// client with RolePay and counts against that client's rate limit; all are
+// checked before anything is read or written. A payment belongs to the
+// client that made it: another client's GET or refund of it is 404, as for
+// a payment that does not exist. The router's server
 // span (service.NewRouter) carries the caller's trace into the outbox row's
 // traceparent, and from there to SQS.
 func (s *Server) Routes(r chi.Router) {
 	r.Group(func(r chi.Router) {
-		r.Use(service.RequireAPIKey(s.access.Keys), service.RateLimitPerClient(s.access.RateLimit, s.access.RateWindow))
+		s.access.Protect(r)
+		r.Use(service.RequireRole(service.RolePay))
 		r.With(httpidem.RequireKey).Post("/v1/payments", s.create)
 		r.Get("/v1/payments/{id}", s.get)
 		r.With(httpidem.RequireKey).Post("/v1/payments/{id}/refund", s.refund)
@@ -126,12 +127,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		Fingerprint:   req,
 		NewResourceID: store.NewID, // the payment id, recorded with the key before Stripe is called
 	}, func(ctx context.Context, a *httpidem.Attempt) error {
-		return s.charge(ctx, a, req)
+		return s.charge(ctx, a, req, service.ClientOf(r.Context()))
 	})
 }
 
 // charge runs under the key's lease; a.ResourceID is the payment id.
-func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment) error {
+func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment, client string) error {
 	intentID, err := s.gw.Charge(ctx, provider.Charge{
 		PaymentID: a.ResourceID, UserID: req.UserID, AmountPaise: req.AmountPaise, Currency: req.Currency, Method: req.Method,
 	})
@@ -148,7 +149,7 @@ func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		p, err := store.InsertSucceeded(ctx, tx, store.Payment{
-			ID: a.ResourceID, UserID: req.UserID, AmountPaise: req.AmountPaise,
+			ID: a.ResourceID, Client: client, UserID: req.UserID, AmountPaise: req.AmountPaise,
 			Currency: req.Currency, Method: req.Method, ProviderRef: intentID,
 		})
 		if err != nil {
@@ -164,14 +165,13 @@ func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
-	p, err := store.Get(r.Context(), s.pool, chi.URLParam(r, "id"))
+	p, err := store.Get(r.Context(), s.pool, service.ClientOf(r.Context()), chi.URLParam(r, "id"))
 	if errors.Is(err, store.ErrNotFound) {
 		service.WriteError(w, http.StatusNotFound, "payment_not_found", "id", "no payment with this id")
 		return
 	}
 	if err != nil {
-		s.log.Error("get payment", "error", err)
-		service.WriteError(w, http.StatusInternalServerError, "internal", "", "internal error")
+		service.InternalError(w, r, s.log, "get payment", err)
 		return
 	}
 	service.WriteJSON(w, http.StatusOK, p)
@@ -185,25 +185,25 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// An unknown payment is a bad request like any other: nothing written.
-	if _, err := store.Get(r.Context(), s.pool, id); err != nil {
+	client := service.ClientOf(r.Context())
+	if _, err := store.Get(r.Context(), s.pool, client, id); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			service.WriteError(w, http.StatusNotFound, "payment_not_found", "id", "no payment with this id")
 			return
 		}
-		s.log.Error("get payment", "error", err)
-		service.WriteError(w, http.StatusInternalServerError, "internal", "", "internal error")
+		service.InternalError(w, r, s.log, "get payment", err)
 		return
 	}
 	s.keys.Handle(w, r, httpidem.Request{
 		Scope:       scope(r, "POST /v1/payments/"+id+"/refund"),
 		Fingerprint: req,
 	}, func(ctx context.Context, a *httpidem.Attempt) error {
-		return s.refundPayment(ctx, a, id)
+		return s.refundPayment(ctx, a, client, id)
 	})
 }
 
-func (s *Server) refundPayment(ctx context.Context, a *httpidem.Attempt, id string) error {
-	p, err := store.Get(ctx, s.pool, id) // read again under the key's lease
+func (s *Server) refundPayment(ctx context.Context, a *httpidem.Attempt, client, id string) error {
+	p, err := store.Get(ctx, s.pool, client, id) // read again under the key's lease
 	if err != nil {
 		return err
 	}

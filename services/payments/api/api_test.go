@@ -31,7 +31,7 @@ func TestCreatePaymentCommitsPaymentOutboxAndOneCharge(t *testing.T) {
 		t.Errorf("payment %+v", p)
 	}
 
-	stored, err := store.Get(context.Background(), e.pool, p.ID)
+	stored, err := store.Get(context.Background(), e.pool, "web", p.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -448,7 +448,7 @@ func TestRefundMarksRefundedAndEmitsPaymentRefunded(t *testing.T) {
 		q.ProviderRef != p.ProviderRef || q.AmountPaise != p.AmountPaise {
 		t.Errorf("refunded payment %+v", q)
 	}
-	stored, err := store.Get(context.Background(), e.pool, p.ID)
+	stored, err := store.Get(context.Background(), e.pool, "web", p.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -135,7 +135,7 @@ func newEnvWith(t *testing.T, lockTimeout time.Duration, ratePerSecond int, serv
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := api.New(pool, keys, gw, quiet, api.Access{Keys: clients, RateLimit: ratePerSecond, RateWindow: time.Second})
+	srv, err := api.New(pool, keys, gw, quiet, service.Access{Keys: clients, RateLimit: ratePerSecond, AddressRateLimit: 2 * ratePerSecond, RateWindow: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ const (
 // Payment is a row of the payments table, and the JSON the API returns.
 type Payment struct {
 	ID                string    `json:"id"`
+	Client            string    `json:"-"` // the API client that made it; only it may see or refund it
 	UserID            string    `json:"user_id"`
 	AmountPaise       int64     `json:"amount_paise"`
 	Currency          string    `json:"currency"`
@@ -69,12 +70,12 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-const columns = `id, user_id, amount_paise, currency, method, status, version, provider_ref,
+const columns = `id, client, user_id, amount_paise, currency, method, status, version, provider_ref,
 	coalesce(provider_refund_ref, ''), created_at, updated_at`
 
 func scan(row pgx.Row) (Payment, error) {
 	var p Payment
-	err := row.Scan(&p.ID, &p.UserID, &p.AmountPaise, &p.Currency, &p.Method, &p.Status, &p.Version,
+	err := row.Scan(&p.ID, &p.Client, &p.UserID, &p.AmountPaise, &p.Currency, &p.Method, &p.Status, &p.Version,
 		&p.ProviderRef, &p.ProviderRefundRef, &p.CreatedAt, &p.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Payment{}, ErrNotFound
@@ -83,17 +84,19 @@ func scan(row pgx.Row) (Payment, error) {
 	return p, err
 }
 
-// Get reads one payment.
-func Get(ctx context.Context, q Querier, id string) (Payment, error) {
-	return scan(q.QueryRow(ctx, `SELECT `+columns+` FROM payments WHERE id = $1`, id))
+// Get reads one payment of client: ErrNotFound for another client's
+// payment as for none at all, so a client cannot even learn that an id
+// exists.
+func Get(ctx context.Context, q Querier, client, id string) (Payment, error) {
+	return scan(q.QueryRow(ctx, `SELECT `+columns+` FROM payments WHERE id = $1 AND client = $2`, id, client))
 }
 
 // InsertSucceeded writes p as a SUCCEEDED payment at version 1 and its
 // PaymentSucceeded event, both in tx. It returns the row as stored.
 func InsertSucceeded(ctx context.Context, tx pgx.Tx, p Payment) (Payment, error) {
-	stored, err := scan(tx.QueryRow(ctx, `INSERT INTO payments (id, user_id, amount_paise, currency, method, status, version, provider_ref)
-		VALUES ($1, $2, $3, $4, $5, $6, 1, $7) RETURNING `+columns,
-		p.ID, p.UserID, p.AmountPaise, p.Currency, p.Method, StatusSucceeded, p.ProviderRef))
+	stored, err := scan(tx.QueryRow(ctx, `INSERT INTO payments (id, client, user_id, amount_paise, currency, method, status, version, provider_ref)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8) RETURNING `+columns,
+		p.ID, p.Client, p.UserID, p.AmountPaise, p.Currency, p.Method, StatusSucceeded, p.ProviderRef))
 	if err != nil {
 		return Payment{}, fmt.Errorf("insert payment %s: %w", p.ID, err)
 	}

@@ -1,11 +1,15 @@
-// Package api is the rewards service's HTTP read API (and the rate
-// schedule an operator or the e2e suite uses to change the cashback rate).
+// Package api is the rewards service's HTTP API: the read API of wallets
+// and rates, and the rate schedule an operator uses to change the
+// cashback rate.
 package api
 
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -15,54 +19,122 @@ import (
 	"github.com/effectively-once/payments-cashback/services/rewards/cashback"
 )
 
-// Routes mounts, on r:
+// Needs are the roles the routes need: the service refuses to start
+// without a client for each.
+var Needs = []service.Role{service.RoleRead, service.RoleAdmin}
+
+// Server serves the API.
+type Server struct {
+	pool   *pgxpool.Pool
+	log    *slog.Logger
+	access service.Access
+	rules  cashback.RateRules
+}
+
+// New returns the API on pool, open to the clients of access, changing
+// rates within rules.
+func New(pool *pgxpool.Pool, log *slog.Logger, access service.Access, rules cashback.RateRules) (*Server, error) {
+	if err := access.Keys.Need(Needs...); err != nil {
+		return nil, fmt.Errorf("rewards api: %w", err)
+	}
+	if rules.MinLead <= 0 || rules.MaxBP < 0 || rules.MaxBP > cashback.MaxRateBP {
+		return nil, fmt.Errorf("rewards api: rate rules %+v: MinLead must be positive, MaxBP within 0..%d", rules, cashback.MaxRateBP)
+	}
+	return &Server{pool: pool, log: log, access: access, rules: rules}, nil
+}
+
+// Routes mounts, on r, behind the caller's address's rate limit, a
+// client's key (401) and that client's rate limit:
 //
-//	GET  /v1/wallets/{user_id}  balance_paise and the credits list (200 with balance 0 for a user never credited)
-//	GET  /v1/cashback-rates     the rate history
-//	POST /v1/cashback-rates     {"rate_bp":300,"effective_from":"RFC 3339, optional, default now"}:
-//	                            schedules a new rate; 422 if effective_from is in the past
-func Routes(r chi.Router, pool *pgxpool.Pool) {
-	r.Get("/v1/wallets/{user_id}", func(w http.ResponseWriter, req *http.Request) {
-		wallet, _, err := cashback.LoadWallet(req.Context(), pool, chi.URLParam(req, "user_id"))
-		if err != nil {
-			service.WriteError(w, http.StatusInternalServerError, "internal", "", err.Error())
-			return
-		}
-		service.WriteJSON(w, http.StatusOK, wallet)
+//	GET  /v1/wallets/{user_id}  (read) balance_paise and one page of credits, newest
+//	                            first: ?limit=1..1000 (100), ?before=<next_before>
+//	GET  /v1/cashback-rates     (read) the rate history, with who scheduled each
+//	POST /v1/cashback-rates     (admin) {"rate_bp":300,"effective_from":"RFC 3339"}:
+//	                            schedules a rate; effective_from defaults to now +
+//	                            the minimum lead; 422 if it is sooner (no
+//	                            retroactive rates) or rate_bp is above the ceiling
+//
+// A key without the route's role is 403. A rate change is logged as one
+// audit line: the client, the rate it replaces and the new one.
+func (s *Server) Routes(r chi.Router) {
+	r.Group(func(r chi.Router) {
+		s.access.Protect(r)
+		r.With(service.RequireRole(service.RoleRead)).Get("/v1/wallets/{user_id}", s.wallet)
+		r.With(service.RequireRole(service.RoleRead)).Get("/v1/cashback-rates", s.rates)
+		r.With(service.RequireRole(service.RoleAdmin)).Post("/v1/cashback-rates", s.addRate)
 	})
-	r.Get("/v1/cashback-rates", func(w http.ResponseWriter, req *http.Request) {
-		rates, err := cashback.Rates(req.Context(), pool)
-		if err != nil {
-			service.WriteError(w, http.StatusInternalServerError, "internal", "", err.Error())
+}
+
+func (s *Server) wallet(w http.ResponseWriter, r *http.Request) {
+	var page cashback.Page
+	q := r.URL.Query()
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > cashback.MaxPageLimit {
+			service.WriteError(w, http.StatusBadRequest, "invalid", "limit", fmt.Sprintf("limit must be 1..%d", cashback.MaxPageLimit))
 			return
 		}
-		service.WriteJSON(w, http.StatusOK, map[string]any{"rates": rates})
-	})
-	r.Post("/v1/cashback-rates", func(w http.ResponseWriter, req *http.Request) {
-		var body struct {
-			RateBP        *int      `json:"rate_bp"`
-			EffectiveFrom time.Time `json:"effective_from"`
-		}
-		dec := json.NewDecoder(http.MaxBytesReader(w, req.Body, 1<<16))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&body); err != nil {
-			service.WriteError(w, http.StatusBadRequest, "bad_request", "body", err.Error())
+		page.Limit = n
+	}
+	if v := q.Get("before"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			service.WriteError(w, http.StatusBadRequest, "invalid", "before", "before must be a next_before cursor of an earlier page")
 			return
 		}
-		if body.RateBP == nil || *body.RateBP < 0 || *body.RateBP > cashback.MaxRateBP {
-			service.WriteError(w, http.StatusUnprocessableEntity, "invalid", "rate_bp", "rate_bp is required, 0..10000")
-			return
-		}
-		rate, err := cashback.AddRate(req.Context(), pool, body.EffectiveFrom, *body.RateBP)
-		switch {
-		case errors.Is(err, cashback.ErrRetroactiveRate):
-			service.WriteError(w, http.StatusUnprocessableEntity, "retroactive_rate", "effective_from", err.Error())
-		case errors.Is(err, cashback.ErrRateExists):
-			service.WriteError(w, http.StatusConflict, "rate_exists", "effective_from", err.Error())
-		case err != nil:
-			service.WriteError(w, http.StatusInternalServerError, "internal", "", err.Error())
-		default:
-			service.WriteJSON(w, http.StatusCreated, rate)
-		}
-	})
+		page.Before = n
+	}
+	wallet, _, err := cashback.LoadWallet(r.Context(), s.pool, chi.URLParam(r, "user_id"), page)
+	if err != nil {
+		service.InternalError(w, r, s.log, "load wallet", err)
+		return
+	}
+	service.WriteJSON(w, http.StatusOK, wallet)
+}
+
+func (s *Server) rates(w http.ResponseWriter, r *http.Request) {
+	rates, err := cashback.Rates(r.Context(), s.pool)
+	if err != nil {
+		service.InternalError(w, r, s.log, "list rates", err)
+		return
+	}
+	service.WriteJSON(w, http.StatusOK, map[string]any{"rates": rates})
+}
+
+func (s *Server) addRate(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		RateBP        *int      `json:"rate_bp"`
+		EffectiveFrom time.Time `json:"effective_from"`
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil {
+		service.WriteError(w, http.StatusBadRequest, "bad_request", "body", "the body must be one JSON object {\"rate_bp\":int, \"effective_from\":RFC 3339}")
+		return
+	}
+	if body.RateBP == nil || *body.RateBP < 0 {
+		service.WriteError(w, http.StatusUnprocessableEntity, "invalid", "rate_bp", fmt.Sprintf("rate_bp is required, 0..%d", s.rules.MaxBP))
+		return
+	}
+	if *body.RateBP > s.rules.MaxBP {
+		service.WriteError(w, http.StatusUnprocessableEntity, "rate_above_ceiling", "rate_bp",
+			fmt.Sprintf("rate_bp %d is above the ceiling of %d bp (REWARDS_MAX_RATE_BP)", *body.RateBP, s.rules.MaxBP))
+		return
+	}
+	client := service.ClientOf(r.Context())
+	rate, previous, err := cashback.AddRate(r.Context(), s.pool,
+		cashback.RateChange{EffectiveFrom: body.EffectiveFrom, RateBP: *body.RateBP, Client: client}, s.rules)
+	switch {
+	case errors.Is(err, cashback.ErrRetroactiveRate):
+		service.WriteError(w, http.StatusUnprocessableEntity, "retroactive_rate", "effective_from",
+			fmt.Sprintf("effective_from must be at least %v from now (REWARDS_RATE_MIN_LEAD), so no payment already made sees its rate change", s.rules.MinLead))
+	case errors.Is(err, cashback.ErrRateExists):
+		service.WriteError(w, http.StatusConflict, "rate_exists", "effective_from", "a rate already takes effect at that time")
+	case err != nil:
+		service.InternalError(w, r, s.log, "add rate", err)
+	default:
+		s.log.InfoContext(r.Context(), "audit: cashback rate changed", "client", client,
+			"old_rate_bp", previous, "new_rate_bp", rate.RateBP, "effective_from", rate.EffectiveFrom)
+		service.WriteJSON(w, http.StatusCreated, rate)
+	}
 }

@@ -27,10 +27,21 @@ import (
 
 // Config is the service's environment.
 type Config struct {
-	DatabaseURL   string `env:"REWARDS_DATABASE_URL,required,notEmpty"`
-	Port          string `env:"PORT" envDefault:"8082"`
-	PaymentsQueue string `env:"PAYMENTS_QUEUE" envDefault:"payments-events"`
-	RewardsQueue  string `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
+	DatabaseURL string `env:"REWARDS_DATABASE_URL,required,notEmpty"`
+	Port        string `env:"PORT" envDefault:"8082"`
+	// ListenAddr is the host to bind ("" = 127.0.0.1; 0.0.0.0 in a container).
+	ListenAddr string `env:"LISTEN_ADDR"`
+	// Access: REWARDS_API_KEYS ("name[/read+admin]:key,..."; an entry
+	// without roles may only read; some client must hold read and some
+	// admin), REWARDS_RATE_LIMIT, REWARDS_RATE_LIMIT_PER_ADDRESS,
+	// REWARDS_RATE_WINDOW.
+	Access service.AccessEnv `envPrefix:"REWARDS_"`
+	// MaxRateBP is the highest cashback rate an admin may schedule.
+	MaxRateBP int `env:"REWARDS_MAX_RATE_BP" envDefault:"1000"`
+	// RateMinLead: a new rate starts at least this long from now.
+	RateMinLead   time.Duration `env:"REWARDS_RATE_MIN_LEAD" envDefault:"1m"`
+	PaymentsQueue string        `env:"PAYMENTS_QUEUE" envDefault:"payments-events"`
+	RewardsQueue  string        `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
 	// Concurrency is how many payment events are handled at once.
 	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
 	// DedupeRetention is the dedupe window: it must outlast SQS's 14-day
@@ -86,6 +97,24 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client, metrics http.Handler, log *slog.Logger) (_ *App, err error) {
 	if err := idempotent.ValidateRetention(cfg.DedupeRetention, sqsMaxRetention); err != nil {
 		return nil, fmt.Errorf("DEDUPE_RETENTION: %w", err)
+	}
+	addr, err := service.ListenAddr(cfg.ListenAddr, cfg.Port)
+	if err != nil {
+		return nil, err
+	}
+	access, err := cfg.Access.Parse("REWARDS_", api.Needs, service.RoleRead)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxRateBP < 0 || cfg.MaxRateBP > cashback.MaxRateBP {
+		return nil, fmt.Errorf("REWARDS_MAX_RATE_BP %d: want 0..%d", cfg.MaxRateBP, cashback.MaxRateBP)
+	}
+	if cfg.RateMinLead <= 0 {
+		return nil, fmt.Errorf("REWARDS_RATE_MIN_LEAD %v: want a positive duration", cfg.RateMinLead)
+	}
+	srv, err := api.New(pool, log, access, cashback.RateRules{MaxBP: cfg.MaxRateBP, MinLead: cfg.RateMinLead})
+	if err != nil {
+		return nil, err
 	}
 	if err := Migrate(ctx, pool); err != nil {
 		return nil, err
@@ -150,9 +179,9 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping,
 		"sqs " + cfg.PaymentsQueue: service.QueueCheck(client, cfg.PaymentsQueue),
 		"sqs " + cfg.RewardsQueue:  service.QueueCheck(client, cfg.RewardsQueue)})
-	api.Routes(r, pool)
+	srv.Routes(r)
 	return &App{Processor: proc, Fail: fail, Router: r, pool: pool, subscriber: sub, relay: relay,
-		maintainer: maint, addr: service.ListenAddr(cfg.Port), log: log}, nil
+		maintainer: maint, addr: addr, log: log}, nil
 }
 
 // Tasks are the service's long-running parts, for service.Run.

@@ -68,7 +68,10 @@ func start(t *testing.T, o options) *stack {
 		Subscriber: sqstransport.SubscriberConfig{
 			WaitTime: time.Second, RetryBase: o.retryBase, RetryMax: 4 * o.retryBase, ShutdownGrace: 5 * time.Second,
 		},
-		Relay: outbox.RelayConfig{PollInterval: 50 * time.Millisecond},
+		Relay:       outbox.RelayConfig{PollInterval: 50 * time.Millisecond},
+		Access:      testAccess,
+		MaxRateBP:   cashback.DefaultMaxRateBP,
+		RateMinLead: time.Second, // short, so a test sees a new rate take effect
 	}
 	if o.cfg != nil {
 		o.cfg(&cfg)
@@ -174,16 +177,12 @@ func (s *stack) queueEmpty(url string) bool {
 // wallet reads GET /v1/wallets/{user} through the HTTP API.
 func (s *stack) wallet(user string) cashback.Wallet {
 	s.t.Helper()
-	resp, err := http.Get(s.http.URL + "/v1/wallets/" + user)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		s.t.Fatalf("GET wallet: %s", resp.Status)
+	code, body := s.do(http.MethodGet, "/v1/wallets/"+user, readKey, "")
+	if code != http.StatusOK {
+		s.t.Fatalf("GET wallet: %d %s", code, body)
 	}
 	var w cashback.Wallet
-	if err := json.NewDecoder(resp.Body).Decode(&w); err != nil {
+	if err := json.Unmarshal([]byte(body), &w); err != nil {
 		s.t.Fatal(err)
 	}
 	return w
@@ -335,14 +334,15 @@ func TestRateChangeBetweenFailedAttemptAndRetry(t *testing.T) {
 		s.count(`SELECT count(*) FROM wallets`) + s.count(`SELECT count(*) FROM outbox`); n != 0 {
 		t.Fatalf("the failed attempt left %d rows; a handler error must commit nothing", n)
 	}
-	// Operators raise the rate to 3%, effective now: after the payment happened.
-	resp, err := http.Post(s.http.URL+"/v1/cashback-rates", "application/json", strings.NewReader(`{"rate_bp":300}`))
-	if err != nil {
-		t.Fatal(err)
+	// Operators raise the rate to 3%, effective a second from now (the
+	// test's minimum lead): after the payment happened.
+	code, body := s.do(http.MethodPost, "/v1/cashback-rates", adminKey, `{"rate_bp":300}`)
+	if code != http.StatusCreated {
+		t.Fatalf("POST /v1/cashback-rates: %d %s", code, body)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("POST /v1/cashback-rates: %s", resp.Status)
+	var three cashback.Rate
+	if err := json.Unmarshal([]byte(body), &three); err != nil {
+		t.Fatal(err)
 	}
 	eventually(t, 20*time.Second, "the retry's credit", func() bool { return s.count(`SELECT count(*) FROM cashback_credits`) == 1 })
 	w := s.wallet(user)
@@ -350,6 +350,7 @@ func TestRateChangeBetweenFailedAttemptAndRetry(t *testing.T) {
 		t.Errorf("wallet = %+v; want 2400 at 200 bp (the rate at occurred_at), never 3600", w)
 	}
 	// A payment made after the change does get 3%.
+	time.Sleep(time.Until(three.EffectiveFrom))
 	later := paid(t, "pay_43", user, 120000, 1)
 	s.send(later)
 	eventually(t, 20*time.Second, "the second credit", func() bool { return s.count(`SELECT count(*) FROM cashback_credits`) == 2 })
@@ -363,14 +364,8 @@ func TestRateChangeBetweenFailedAttemptAndRetry(t *testing.T) {
 func TestRetroactiveRateRefused(t *testing.T) {
 	s := start(t, options{noWorkers: true})
 	past := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
-	resp, err := http.Post(s.http.URL+"/v1/cashback-rates", "application/json",
-		strings.NewReader(fmt.Sprintf(`{"rate_bp":300,"effective_from":%q}`, past)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusUnprocessableEntity {
-		t.Errorf("retroactive rate: %s, want 422", resp.Status)
+	if code, body := s.do(http.MethodPost, "/v1/cashback-rates", adminKey, fmt.Sprintf(`{"rate_bp":300,"effective_from":%q}`, past)); code != http.StatusUnprocessableEntity {
+		t.Errorf("retroactive rate: %d %s, want 422", code, body)
 	}
 	if n := s.count(`SELECT count(*) FROM cashback_rates`); n != 1 {
 		t.Errorf("rates = %d, want only the seeded one", n)
@@ -527,7 +522,7 @@ func TestUnknownTypeParkedInDLQ(t *testing.T) {
 }
 
 func TestRetentionShorterThanSQSRefused(t *testing.T) {
-	_, err := app.New(context.Background(), app.Config{DedupeRetention: 24 * time.Hour}, nil, nil, nil, slog.Default())
+	_, err := app.New(context.Background(), app.Config{DedupeRetention: 24 * time.Hour, Port: "0", Access: testAccess}, nil, nil, nil, slog.Default())
 	if err == nil || !strings.Contains(err.Error(), "DEDUPE_RETENTION") {
 		t.Errorf("New with a 24h window: %v, want a DEDUPE_RETENTION error", err)
 	}
@@ -541,7 +536,8 @@ func TestConfigFromEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Port != "8082" || cfg.PaymentsQueue != "payments-events" || cfg.RewardsQueue != "rewards-events" ||
-		cfg.DedupeRetention != 360*time.Hour || cfg.FailFirstN != "2" || cfg.Concurrency != 8 {
+		cfg.DedupeRetention != 360*time.Hour || cfg.FailFirstN != "2" || cfg.Concurrency != 8 ||
+		cfg.MaxRateBP != 1000 || cfg.RateMinLead != time.Minute || cfg.ListenAddr != "" || cfg.Access.RateLimit != 1000 {
 		t.Errorf("defaults: %+v", cfg)
 	}
 	t.Setenv("REWARDS_DATABASE_URL", "")

@@ -12,10 +12,12 @@ import (
 )
 
 // Rate is one row of cashback_rates: rate_bp is in force from
-// effective_from until the next row's effective_from.
+// effective_from until the next row's effective_from. CreatedBy is the API
+// client that scheduled it ("" for the schema's default rate).
 type Rate struct {
 	EffectiveFrom time.Time `json:"effective_from"`
 	RateBP        int       `json:"rate_bp"`
+	CreatedBy     string    `json:"created_by,omitempty"`
 }
 
 // ErrNoRate means no rate was in force at the event's time. It is not
@@ -35,42 +37,96 @@ func RateAt(ctx context.Context, q pgx.Tx, t time.Time) (int, error) {
 
 // Rates lists the rate history, oldest first.
 func Rates(ctx context.Context, pool *pgxpool.Pool) ([]Rate, error) {
-	rows, err := pool.Query(ctx, `SELECT effective_from, rate_bp FROM cashback_rates ORDER BY effective_from`)
+	rows, err := pool.Query(ctx, `SELECT effective_from, rate_bp, coalesce(created_by, '') FROM cashback_rates ORDER BY effective_from`)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[Rate])
 }
 
-// ErrRetroactiveRate refuses a rate that would take effect in the past:
-// it would change what an in-flight retry credits for a payment that has
-// already happened, which is exactly what rule 4 forbids.
-var ErrRetroactiveRate = errors.New("cashback: a new rate cannot take effect in the past")
+// ErrRetroactiveRate refuses a rate that would take effect too soon: in
+// the past it would change what an in-flight retry credits for a payment
+// that has already happened, which is exactly what rule 4 forbids; and a
+// payment committed a moment ago may not have its event's occurred_at
+// behind it yet on every clock. So a rate must start at least
+// RateRules.MinLead from now.
+var ErrRetroactiveRate = errors.New("cashback: a new rate must take effect in the future, at least the minimum lead from now")
 
 // ErrRateExists: a rate already starts at that instant.
 var ErrRateExists = errors.New("cashback: a rate already takes effect at that time")
 
-// AddRate schedules rateBP from effectiveFrom on (zero: now, by the
-// database clock). effective_from must not lie in the past.
-func AddRate(ctx context.Context, pool *pgxpool.Pool, effectiveFrom time.Time, rateBP int) (Rate, error) {
-	if rateBP < 0 || rateBP > MaxRateBP {
-		return Rate{}, errors.New("cashback: rate_bp must be within 0..10000")
+// ErrRateAboveCeiling refuses a rate above RateRules.MaxBP.
+var ErrRateAboveCeiling = errors.New("cashback: rate_bp above the ceiling")
+
+// RateChange is a new rate and who decided it.
+type RateChange struct {
+	// EffectiveFrom is when it starts; zero means now + RateRules.MinLead
+	// by the database clock.
+	EffectiveFrom time.Time
+	RateBP        int
+	// Client is the API client making the change, stored as created_by.
+	Client string
+}
+
+// RateRules bound what a rate change may do.
+type RateRules struct {
+	// MaxBP is the highest rate accepted (REWARDS_MAX_RATE_BP; defaults to
+	// DefaultMaxRateBP). It is a money decision: 10000 would credit the
+	// whole payment back.
+	MaxBP int
+	// MinLead is how far in the future, by the database clock, a rate must
+	// start (REWARDS_RATE_MIN_LEAD; defaults to DefaultRateMinLead); it
+	// must be positive.
+	MinLead time.Duration
+}
+
+// Defaults of RateRules.
+const (
+	DefaultMaxRateBP   = 1000 // 10%
+	DefaultRateMinLead = time.Minute
+)
+
+// AddRate schedules c and returns it as stored, with the rate it replaces:
+// the one in force just before c.EffectiveFrom. It refuses a rate above
+// rules.MaxBP (ErrRateAboveCeiling) and one starting less than
+// rules.MinLead from now (ErrRetroactiveRate), so no event that already
+// happened can ever see its rate change.
+func AddRate(ctx context.Context, pool *pgxpool.Pool, c RateChange, rules RateRules) (added Rate, previousBP int, err error) {
+	if rules.MinLead <= 0 || rules.MaxBP < 0 || rules.MaxBP > MaxRateBP {
+		return Rate{}, 0, fmt.Errorf("cashback: RateRules %+v: MinLead must be positive, MaxBP within 0..%d", rules, MaxRateBP)
+	}
+	if c.RateBP < 0 || c.RateBP > rules.MaxBP {
+		return Rate{}, 0, fmt.Errorf("%w: rate_bp must be within 0..%d", ErrRateAboveCeiling, rules.MaxBP)
 	}
 	var from *time.Time
-	if !effectiveFrom.IsZero() {
-		from = &effectiveFrom
+	if !c.EffectiveFrom.IsZero() {
+		from = &c.EffectiveFrom
 	}
-	var r Rate
-	// A second of slack absorbs clock skew between caller and database.
-	err := pool.QueryRow(ctx, `INSERT INTO cashback_rates (effective_from, rate_bp)
-		SELECT coalesce($1, now()), $2 WHERE coalesce($1, now()) >= now() - interval '1 second'
-		RETURNING effective_from, rate_bp`, from, rateBP).Scan(&r.EffectiveFrom, &r.RateBP)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `INSERT INTO cashback_rates (effective_from, rate_bp, created_by)
+			SELECT coalesce($1, now() + $4 * interval '1 microsecond'), $2, $3
+			WHERE coalesce($1, now() + $4 * interval '1 microsecond') >= now() + $4 * interval '1 microsecond'
+			RETURNING effective_from, rate_bp, created_by`, from, c.RateBP, c.Client, rules.MinLead.Microseconds()).
+			Scan(&added.EffectiveFrom, &added.RateBP, &added.CreatedBy)
+		if err != nil {
+			return err
+		}
+		err = tx.QueryRow(ctx, `SELECT rate_bp FROM cashback_rates WHERE effective_from < $1
+			ORDER BY effective_from DESC LIMIT 1`, added.EffectiveFrom).Scan(&previousBP)
+		if errors.Is(err, pgx.ErrNoRows) {
+			previousBP, err = -1, nil
+		}
+		return err
+	})
 	var pe *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return Rate{}, ErrRetroactiveRate
+		return Rate{}, 0, ErrRetroactiveRate
 	case errors.As(err, &pe) && pe.Code == "23505":
-		return Rate{}, ErrRateExists
+		return Rate{}, 0, ErrRateExists
+	case err != nil:
+		return Rate{}, 0, err
 	}
-	return r, err
+	added.EffectiveFrom = added.EffectiveFrom.UTC()
+	return added, previousBP, nil
 }

@@ -1,19 +1,33 @@
-// Command smsprovider is the development SMS provider (see package
-// services/notifications/smsprovider): idempotency keys, lookup by key,
-// fault injection and a list of what it delivered, all in memory.
+// Command smsprovider is a TEST DOUBLE of an SMS provider, for development
+// and tests only: it delivers nothing to any phone (see package
+// services/notifications/smsprovider: idempotency keys, lookup by key,
+// fault injection and a list of what it "delivered", all in memory).
 //
-//	SMS_PROVIDER_PORT=8090 go run ./services/notifications/cmd/smsprovider
+//	SMS_PROVIDER_PORT=8090 SMS_PROVIDER_API_KEYS=ops/read+admin:$(openssl rand -hex 24) \
+//	  go run ./services/notifications/cmd/smsprovider
+//
+// It binds LISTEN_ADDR (default 127.0.0.1) and refuses an address that is
+// not loopback unless SMS_PROVIDER_ALLOW_REMOTE=true (as in a container,
+// where the notifications service calls it over the network).
+// SMS_PROVIDER_API_KEYS ("name[/read+admin]:key,...", an entry without
+// roles may read) guards its deliveries and fault-injection routes; some
+// client must hold read and some admin.
 package main
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/notifications/smsprovider"
 )
 
 type config struct {
-	Port string `env:"SMS_PROVIDER_PORT" envDefault:"8090"`
+	Port        string            `env:"SMS_PROVIDER_PORT" envDefault:"8090"`
+	ListenAddr  string            `env:"LISTEN_ADDR"`
+	AllowRemote bool              `env:"SMS_PROVIDER_ALLOW_REMOTE"`
+	Access      service.AccessEnv `envPrefix:"SMS_PROVIDER_"`
 }
 
 func main() {
@@ -23,7 +37,34 @@ func main() {
 		service.Fatal(log, "bad configuration", err)
 	}
 	service.LogConfig(log, cfg)
-	if err := service.Run(context.Background(), log, service.HTTPTask(service.ListenAddr(cfg.Port), smsprovider.New(), log)); err != nil {
+	addr, h, err := build(cfg)
+	if err != nil {
+		service.Fatal(log, "bad configuration", err)
+	}
+	log.Warn("TEST DOUBLE: development SMS provider; it sends nothing to any phone and keeps messages in memory. Never use it in production",
+		"addr", addr)
+	if err := service.Run(context.Background(), log, service.HTTPTask(addr, h, log)); err != nil {
 		service.Fatal(log, "stopped", err)
 	}
+}
+
+// build checks cfg and returns the address to listen on and the handler.
+func build(cfg config) (string, http.Handler, error) {
+	addr, err := service.ListenAddr(cfg.ListenAddr, cfg.Port)
+	if err != nil {
+		return "", nil, err
+	}
+	if !service.Loopback(addr) && !cfg.AllowRemote {
+		return "", nil, fmt.Errorf("listen address %s is not loopback: this test double accepts fault injection and shows every message; "+
+			"bind 127.0.0.1, or set SMS_PROVIDER_ALLOW_REMOTE=true where it must be reachable (a container network)", addr)
+	}
+	access, err := cfg.Access.Parse("SMS_PROVIDER_", smsprovider.Needs, service.RoleRead)
+	if err != nil {
+		return "", nil, err
+	}
+	h, err := smsprovider.New().Handler(access)
+	if err != nil {
+		return "", nil, err
+	}
+	return addr, h, nil
 }
