@@ -3,8 +3,11 @@ package testenv
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -122,4 +125,39 @@ func TableDigest(t testing.TB, pool *pgxpool.Pool, tables ...string) string {
 		out = append(out, table+"="+d)
 	}
 	return strings.Join(out, " ")
+}
+
+// Internal500 sends rt with auth to h, a handler whose database is gone,
+// and checks the answer: 500, code "internal", the request id of the
+// X-Request-Id header and nothing of the error (leak: words of its text
+// such as "closed pool"); and that logs hold the error under that id.
+func Internal500(t *testing.T, h http.Handler, rt Route, auth string, logs *Buffer, leak ...string) {
+	t.Helper()
+	req := httptest.NewRequest(rt.Method, rt.Path, strings.NewReader(rt.Body))
+	req.Header.Set("Authorization", auth)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	what := rt.Method + " " + rt.Path
+	var b service.ErrorBody
+	if err := json.Unmarshal(w.Body.Bytes(), &b); err != nil || w.Code != http.StatusInternalServerError || b.Error.Code != "internal" {
+		t.Fatalf("%s on a closed pool: %d %s, want 500 internal", what, w.Code, w.Body)
+	}
+	id := w.Header().Get("X-Request-Id")
+	if id == "" || b.Error.RequestID != id {
+		t.Errorf("%s: request_id %q, want the X-Request-Id %q", what, b.Error.RequestID, id)
+	}
+	for _, l := range leak {
+		if strings.Contains(strings.ToLower(w.Body.String()), l) {
+			t.Errorf("%s: the 500 body carries error text %q: %s", what, l, w.Body)
+		}
+	}
+	found := false
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, `"request_id":"`+id+`"`) && strings.Contains(line, `"level":"ERROR"`) {
+			found = found || slices.ContainsFunc(leak, func(l string) bool { return strings.Contains(strings.ToLower(line), l) })
+		}
+	}
+	if !found {
+		t.Errorf("%s: no ERROR log line with request_id %s and the error's text:\n%s", what, id, logs.String())
+	}
 }

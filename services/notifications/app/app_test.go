@@ -57,6 +57,7 @@ func start(t *testing.T, mutate func(*app.Config)) *stack {
 		Subscriber: sqstransport.SubscriberConfig{WaitTime: time.Second, RetryBase: 100 * time.Millisecond, ShutdownGrace: 5 * time.Second},
 		Processor:  idempotent.ProcessorConfig{PollInterval: 50 * time.Millisecond},
 		SenderPoll: 50 * time.Millisecond,
+		Access:     testAccess,
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -100,7 +101,12 @@ func (s *stack) send(e events.Envelope) {
 
 func (s *stack) notifications(e events.Envelope) []api.Notification {
 	s.t.Helper()
-	resp, err := http.Get(s.http.URL + "/v1/notifications?event_id=" + e.EventID.String())
+	req, err := http.NewRequest(http.MethodGet, s.http.URL+"/v1/notifications?event_id="+e.EventID.String(), nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+readKey)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -281,7 +287,7 @@ func TestPolicyConfiguration(t *testing.T) {
 	if p := s.app.Sender.PolicyFor(intent.KindCashbackReversed); p != sender.PolicyResend {
 		t.Errorf("policy for cashback_reversed = %s, want resend", p)
 	}
-	if _, err := app.New(context.Background(), app.Config{PolicyCashback: "maybe", PolicyCashbackReversed: "resend"}, nil, nil, nil, slog.Default()); err == nil {
+	if _, err := app.New(context.Background(), app.Config{PolicyCashback: "maybe", PolicyCashbackReversed: "resend", Port: "0", Access: testAccess}, nil, nil, nil, slog.Default()); err == nil {
 		t.Error("an invalid SENDING_POLICY_CASHBACK was accepted")
 	}
 }

@@ -11,16 +11,48 @@ import (
 	"testing"
 	"time"
 
+	"github.com/effectively-once/payments-cashback/internal/testenv"
+	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/notifications/sms"
 	"github.com/effectively-once/payments-cashback/services/notifications/smsprovider"
 )
 
+// The provider's test clients: a reader and an operator.
+const (
+	readKey  = "sms-read-0123456789abcdef0123456789ab"
+	adminKey = "sms-admin-0123456789abcdef0123456789a"
+)
+
+// start serves the provider as its command does, behind the test keys.
 func start(t *testing.T) (*smsprovider.Server, *httptest.Server) {
 	t.Helper()
 	p := smsprovider.New()
-	srv := httptest.NewServer(p)
+	keys, err := service.ParseAPIKeys("qa:"+readKey+",ops/read+admin:"+adminKey, service.RoleRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := p.Handler(service.Access{Keys: keys, RateLimit: 1000, AddressRateLimit: 1000, RateWindow: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return p, srv
+}
+
+// send is method url with the admin key.
+func send(t *testing.T, method, url, body string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, bytes.NewBufferString(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
 }
 
 func post(t *testing.T, url, key, body string) (*http.Response, map[string]any) {
@@ -41,10 +73,7 @@ func post(t *testing.T, url, key, body string) (*http.Response, map[string]any) 
 
 func control(t *testing.T, url, body string) {
 	t.Helper()
-	resp, err := http.Post(url+"/v1/control", "application/json", bytes.NewBufferString(body))
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := send(t, http.MethodPost, url+"/v1/control", body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("control %s: %s", body, resp.Status)
@@ -59,10 +88,7 @@ type deliveriesBody struct {
 
 func deliveries(t *testing.T, url string) deliveriesBody {
 	t.Helper()
-	resp, err := http.Get(url + "/v1/deliveries")
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := send(t, http.MethodGet, url+"/v1/deliveries", "")
 	defer resp.Body.Close()
 	var d deliveriesBody
 	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
@@ -244,18 +270,14 @@ func TestResetAndHealth(t *testing.T) {
 	_, srv := start(t)
 	post(t, srv.URL, "sms:a", msg)
 	control(t, srv.URL, `{"fail_next":5}`)
-	resp, err := http.Post(srv.URL+"/v1/reset", "application/json", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	send(t, http.MethodPost, srv.URL+"/v1/reset", "").Body.Close()
 	if d := deliveries(t, srv.URL); d.Total != 0 {
 		t.Errorf("after reset: %d deliveries", d.Total)
 	}
 	if r, _ := post(t, srv.URL, "sms:a", msg); r.StatusCode != http.StatusCreated {
 		t.Errorf("after reset the faults remain: %d", r.StatusCode)
 	}
-	resp, err = http.Get(srv.URL + "/healthz")
+	resp, err := http.Get(srv.URL + "/healthz")
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Errorf("healthz: %v %v", resp, err)
 	}
@@ -273,5 +295,26 @@ func TestConnectionRefusedIsRetryable(t *testing.T) {
 	c := sms.NewHTTPProvider("http://"+addr, time.Second)
 	if _, err := c.Send(context.Background(), sms.Message{IdempotencyKey: "sms:a", To: "u", Body: "b"}); sms.Classify(err) != sms.Retryable {
 		t.Errorf("connection refused: %v (%v), want retryable", err, sms.Classify(err))
+	}
+}
+
+// The provider's test-control routes refuse a caller without their role:
+// no key, a wrong key, the Basic scheme, another service's key (401), a
+// read key on control or reset (403 naming admin). Its deliveries and its
+// fault state are as they were: the next send is delivered.
+func TestHostileRequestsToTheProvidersControlRoutesAreRefusedAndChangeNothing(t *testing.T) {
+	p, srv := start(t)
+	post(t, srv.URL, "sms:a", msg)
+	testenv.HostileRoutes(t, srv.URL, []testenv.Route{
+		{Method: http.MethodGet, Path: "/v1/deliveries", Role: service.RoleRead},
+		{Method: http.MethodGet, Path: "/v1/control", Role: service.RoleRead},
+		{Method: http.MethodPost, Path: "/v1/control", Body: `{"fail_next":100}`, Role: service.RoleAdmin},
+		{Method: http.MethodPost, Path: "/v1/reset", Role: service.RoleAdmin},
+	}, testenv.RouteKeys{Read: readKey, Admin: adminKey, Foreign: "payments-web-0123456789abcdef01234567"}, func() string {
+		b, _ := json.Marshal(p.Deliveries())
+		return string(b)
+	})
+	if r, _ := post(t, srv.URL, "sms:b", msg); r.StatusCode != http.StatusCreated {
+		t.Errorf("a send after the hostile requests: %d, want 201 (no fault was injected)", r.StatusCode)
 	}
 }

@@ -131,7 +131,7 @@ func newEnvWith(t *testing.T, lockTimeout time.Duration, ratePerSecond int, serv
 	}
 	// No stripe-go retries: every call the proxy sees is one the service made.
 	gw := provider.NewStripe(provider.Config{URL: proxy.URL, APIKey: "sk_test_123", MaxRetries: -1, Logger: quiet})
-	clients, err := service.ParseAPIKeys("web:" + webKey + ",ops:" + opsKey)
+	clients, err := service.ParseAPIKeys("web:"+webKey+",ops:"+opsKey+",reader/read:"+readerKey, service.RolePay)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,8 +151,11 @@ func newEnvWith(t *testing.T, lockTimeout time.Duration, ratePerSecond int, serv
 
 // The test clients' API keys; requests go as "web" unless they say.
 const (
-	webKey = "web-0123456789abcdef0123456789abcdef"
-	opsKey = "ops-0123456789abcdef0123456789abcdef"
+	webKey    = "web-0123456789abcdef0123456789abcdef"
+	opsKey    = "ops-0123456789abcdef0123456789abcdef"
+	readerKey = "reader-0123456789abcdef0123456789abc" // the role read only: no payments
+	// foreignKey is a key of another service's client.
+	foreignKey = "rewards-admin-0123456789abcdef0123456"
 )
 
 type response struct {

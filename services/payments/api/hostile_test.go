@@ -71,6 +71,8 @@ func TestHostileRequestsGetTheRight4xxAndWriteNothing(t *testing.T) {
 		{"Basic instead of Bearer", map[string]string{"Authorization": "Basic " + webKey}, []byte(validBody), 401, "unauthorized", "Authorization"},
 		{"Bearer without a key", map[string]string{"Authorization": "Bearer "}, []byte(validBody), 401, "unauthorized", "Authorization"},
 		{"the client's name as the key", map[string]string{"Authorization": "Bearer web"}, []byte(validBody), 401, "unauthorized", "Authorization"},
+		{"another service's client key", map[string]string{"Authorization": "Bearer " + foreignKey}, []byte(validBody), 401, "unauthorized", "Authorization"},
+		{"a key with the role read only", map[string]string{"Authorization": "Bearer " + readerKey}, []byte(validBody), 403, "forbidden", "Authorization"},
 		// Smuggled fields and numbers.
 		{"duplicated user_id", nil, []byte(`{"user_id":"u_17","user_id":"u_18","amount_paise":120000,"currency":"INR","method":"upi"}`), 400, "duplicate_field", "user_id"},
 		{"duplicated amount, small then large", nil, []byte(`{"user_id":"u_17","amount_paise":1,"amount_paise":99999999,"currency":"INR","method":"upi"}`), 400, "duplicate_field", "amount_paise"},
@@ -208,6 +210,80 @@ func TestASlowBodyIsCutOffByTheReadTimeoutAndWritesNothing(t *testing.T) {
 	}
 	if d := time.Since(t0); d > 3*time.Second {
 		t.Errorf("the slow body held the server for %v, want about the 500ms read timeout", d)
+	}
+	e.assertNothingWritten()
+}
+
+// as sends a request with client's key and, if set, an Idempotency-Key.
+func (e *env) as(client, method, path, idem, body string) response {
+	e.t.Helper()
+	h := map[string]string{"Content-Type": "application/json"}
+	if client != "" {
+		h["Authorization"] = "Bearer " + client
+	}
+	if idem != "" {
+		h["Idempotency-Key"] = idem
+	}
+	req, err := http.NewRequest(method, e.url+path, strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for k, v := range h {
+		req.Header.Set(k, v)
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return response{status: resp.StatusCode, body: b, header: resp.Header}
+}
+
+// A payment belongs to the client that made it. Another client's GET and
+// refund of it are 404, word for word the answer for an id that does not
+// exist, and the refund writes nothing and never reaches Stripe.
+func TestAnotherClientsPaymentIsNotFoundForGetAndRefundAndNothingIsWritten(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	p := e.mustCreate("k-web")
+	stripeCalls, outboxRows, keys := e.stripe.total(), e.count(`SELECT count(*) FROM outbox`), e.count(`SELECT count(*) FROM idempotency_keys`)
+	missing := e.as(opsKey, http.MethodGet, "/v1/payments/pay_00000000000000000000000000000000", "", "")
+	for _, r := range []response{
+		e.as(opsKey, http.MethodGet, "/v1/payments/"+p.ID, "", ""),
+		e.as(opsKey, http.MethodPost, "/v1/payments/"+p.ID+"/refund", "r-ops", "{}"),
+	} {
+		if r.status != http.StatusNotFound || string(r.body) != string(missing.body) {
+			t.Errorf("ops on web's payment: %d %s; want the 404 of a missing payment: %s", r.status, r.body, missing.body)
+		}
+	}
+	if got := e.as(webKey, http.MethodGet, "/v1/payments/"+p.ID, "", ""); got.status != http.StatusOK {
+		t.Errorf("web reading its own payment: %d %s", got.status, got.body)
+	}
+	var status string
+	if err := e.pool.QueryRow(context.Background(), `SELECT status FROM payments WHERE id = $1`, p.ID).Scan(&status); err != nil || status != "SUCCEEDED" {
+		t.Errorf("payment status %q (%v), want SUCCEEDED", status, err)
+	}
+	if n := e.stripe.total(); n != stripeCalls {
+		t.Errorf("Stripe saw %d more calls", n-stripeCalls)
+	}
+	if n, k := e.count(`SELECT count(*) FROM outbox`), e.count(`SELECT count(*) FROM idempotency_keys`); n != outboxRows || k != keys {
+		t.Errorf("outbox %d→%d, idempotency keys %d→%d: the refused requests wrote", outboxRows, n, keys, k)
+	}
+}
+
+// Requests without a key, or with a wrong one, count against their
+// address's limit before any key is looked at: a flood of them gets 429,
+// not an endless series of 401s.
+func TestRequestsWithoutAKeyAreRateLimitedPerAddressBeforeAuthentication(t *testing.T) {
+	e := newEnvWith(t, time.Minute, 3, nil) // 3 per client, 6 per address, per second
+	for i := range 6 {
+		if r := e.as("", http.MethodPost, "/v1/payments", fmt.Sprintf("k-%d", i), validBody); r.status != http.StatusUnauthorized {
+			t.Fatalf("keyless request %d: %d %s, want 401", i, r.status, r.body)
+		}
+	}
+	r := e.as(strings.Repeat("x", 40), http.MethodPost, "/v1/payments", "k-over", validBody)
+	if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" {
+		t.Fatalf("7th request from the address: %d %s, want 429 with Retry-After", r.status, r.body)
 	}
 	e.assertNothingWritten()
 }

@@ -1,0 +1,76 @@
+package app_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectively-once/payments-cashback/internal/testenv"
+	"github.com/effectively-once/payments-cashback/pkg/service"
+	"github.com/effectively-once/payments-cashback/services/notifications/api"
+	"github.com/effectively-once/payments-cashback/services/notifications/app"
+)
+
+// The notifications API's test clients: a reader, and a key of another
+// service's client.
+const (
+	readKey    = "notifications-read-0123456789abcdef012"
+	foreignKey = "rewards-admin-0123456789abcdef0123456"
+)
+
+var testAccess = service.AccessEnv{APIKeys: "support:" + readKey, RateLimit: 1000, AddressRateLimit: 1000, RateWindow: time.Second}
+
+// The notifications API's one route, which lists phone numbers, refuses a
+// caller without the role read: no key, a wrong key, the Basic scheme,
+// another service's key. The notifications and the inbox are as they
+// were. (It has no admin route: replay and skip are cmd/inboxctl's, on the
+// database, not over HTTP.)
+func TestHostileRequestsToTheNotificationsRouteAreRefusedAndChangeNothing(t *testing.T) {
+	s := start(t, nil)
+	e := credited(t)
+	s.send(e)
+	eventually(t, 20*time.Second, "the SMS sent", func() bool {
+		return s.count(`SELECT count(*) FROM notifications WHERE status = 'SENT'`) == 1
+	})
+	testenv.HostileRoutes(t, s.http.URL, []testenv.Route{
+		{Method: http.MethodGet, Path: "/v1/notifications", Role: service.RoleRead},
+		{Method: http.MethodGet, Path: "/v1/notifications?event_id=" + e.EventID.String(), Role: service.RoleRead},
+	}, testenv.RouteKeys{Read: readKey, Admin: readKey, Foreign: foreignKey}, func() string {
+		return testenv.TableDigest(t, s.pool, "notifications", "inbox")
+	})
+}
+
+// A failing database gives a 500 with the request id and no error text.
+func TestANotifications500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &testenv.Buffer{}
+	log := slog.New(service.NewContextHandler(logs, slog.LevelInfo))
+	access, err := testAccess.Parse("NOTIFICATIONS_", api.Needs, service.RoleRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := service.NewRouter(log, nil, nil)
+	if err := api.Routes(r, pool, log, access); err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	testenv.Internal500(t, r, testenv.Route{Method: http.MethodGet, Path: "/v1/notifications"}, "Bearer "+readKey, logs, "closed pool")
+}
+
+// Without a reader's key the service refuses to start.
+func TestNotificationsRefusesToStartWithoutAReadKey(t *testing.T) {
+	cfg := app.Config{PolicyCashback: "resend", PolicyCashbackReversed: "resend", Port: "0",
+		Access: service.AccessEnv{RateLimit: 1, AddressRateLimit: 1, RateWindow: time.Second}}
+	_, err := app.New(context.Background(), cfg, nil, nil, nil, slog.Default())
+	if err == nil || !strings.Contains(err.Error(), "NOTIFICATIONS_API_KEYS is empty") {
+		t.Errorf("no keys: %v, want NOTIFICATIONS_API_KEYS is empty", err)
+	}
+}

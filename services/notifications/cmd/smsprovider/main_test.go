@@ -1,0 +1,38 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/payments-cashback/pkg/service"
+)
+
+// The test double binds loopback by default and refuses any other address
+// unless SMS_PROVIDER_ALLOW_REMOTE says so; without a reader's and an
+// operator's key it does not start.
+func TestTheTestDoubleBindsLoopbackAndRefusesARemoteAddressUnlessAllowed(t *testing.T) {
+	keys := service.AccessEnv{APIKeys: "ops/read+admin:sms-admin-0123456789abcdef0123456789a",
+		RateLimit: 10, AddressRateLimit: 10, RateWindow: time.Second}
+	for _, c := range []struct {
+		cfg      config
+		addr     string
+		errorHas string
+	}{
+		{config{Port: "8090", Access: keys}, "127.0.0.1:8090", ""},
+		{config{Port: "8090", ListenAddr: "localhost", Access: keys}, "localhost:8090", ""},
+		{config{Port: "8090", ListenAddr: "0.0.0.0", Access: keys}, "", "not loopback"},
+		{config{Port: ":8090", Access: keys}, "", "not loopback"},
+		{config{Port: "8090", ListenAddr: "10.1.2.3", Access: keys}, "", "SMS_PROVIDER_ALLOW_REMOTE=true"},
+		{config{Port: "8090", ListenAddr: "0.0.0.0", AllowRemote: true, Access: keys}, "0.0.0.0:8090", ""},
+		{config{Port: "8090", Access: service.AccessEnv{RateLimit: 1, AddressRateLimit: 1, RateWindow: time.Second}}, "", "SMS_PROVIDER_API_KEYS is empty"},
+	} {
+		addr, _, err := build(c.cfg)
+		switch {
+		case c.errorHas == "" && (err != nil || addr != c.addr):
+			t.Errorf("%+v: %q, %v; want %s", c.cfg, addr, err, c.addr)
+		case c.errorHas != "" && (err == nil || !strings.Contains(err.Error(), c.errorHas)):
+			t.Errorf("%+v: %q, %v; want an error saying %q", c.cfg, addr, err, c.errorHas)
+		}
+	}
+}
