@@ -14,7 +14,8 @@
 // RELAY_ENABLED [true], PAYMENTS_QUEUE [payments-events], STRIPE_URL
 // [http://127.0.0.1:12111, stripe-mock; https://api.stripe.com for real],
 // STRIPE_API_KEY [sk_test_123], STRIPE_PAYMENT_METHOD [pm_card_visa],
-// STRIPE_TIMEOUT [20s], IDEMPOTENCY_LOCK_TIMEOUT [1m], IDEMPOTENCY_KEY_TTL
+// STRIPE_TIMEOUT [20s], STRIPE_MOCK_FIXTURES [false; true only against
+// stripe-mock], IDEMPOTENCY_LOCK_TIMEOUT [1m], IDEMPOTENCY_KEY_TTL
 // [24h], STARTUP_WAIT [60s], PAYMENTS_API_KEYS (name[/pay]:key,... required
 // for the api and all roles; see service.ParseAPIKeys), PAYMENTS_RATE_LIMIT
 // [1000] per PAYMENTS_RATE_WINDOW [1s] per client and
@@ -31,6 +32,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -57,6 +59,9 @@ type config struct {
 	StripeAPIKey        string        `env:"STRIPE_API_KEY" envDefault:"sk_test_123" secret:"true"`
 	StripePaymentMethod string        `env:"STRIPE_PAYMENT_METHOD" envDefault:"pm_card_visa"`
 	StripeTimeout       time.Duration `env:"STRIPE_TIMEOUT" envDefault:"20s"`
+	// StripeMockFixtures: stripe-mock's fixture intents count as charged
+	// (local stacks and tests only; refused with a live key).
+	StripeMockFixtures bool `env:"STRIPE_MOCK_FIXTURES"`
 	LockTimeout         time.Duration `env:"IDEMPOTENCY_LOCK_TIMEOUT" envDefault:"1m"`
 	KeyTTL              time.Duration `env:"IDEMPOTENCY_KEY_TTL" envDefault:"24h"`
 	StartupWait         time.Duration `env:"STARTUP_WAIT" envDefault:"60s"`
@@ -114,6 +119,9 @@ func loadConfig(args []string) (config, error) {
 	if cfg.StripeAPIKey == "" {
 		errs = append(errs, errors.New("STRIPE_API_KEY is empty"))
 	}
+	if cfg.StripeMockFixtures && (strings.HasPrefix(cfg.StripeAPIKey, "sk_live_") || strings.HasPrefix(cfg.StripeAPIKey, "rk_live_")) {
+		errs = append(errs, errors.New("STRIPE_MOCK_FIXTURES=true with a live Stripe key: the fixtures of stripe-mock are for tests only"))
+	}
 	if cfg.Queue == "" {
 		errs = append(errs, errors.New("PAYMENTS_QUEUE is empty"))
 	}
@@ -168,7 +176,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		gw := provider.NewStripe(provider.Config{
 			URL: cfg.StripeURL, APIKey: cfg.StripeAPIKey, PaymentMethod: cfg.StripePaymentMethod,
-			Timeout: cfg.StripeTimeout, Logger: log,
+			Timeout: cfg.StripeTimeout, MockFixtures: cfg.StripeMockFixtures, Logger: log,
 		})
 		access, err := cfg.Access.Parse("PAYMENTS_", api.Needs, service.RolePay)
 		if err != nil {

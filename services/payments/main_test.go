@@ -55,6 +55,7 @@ func TestConfigErrorsAreClear(t *testing.T) {
 		{"short API key", map[string]string{"PAYMENTS_API_KEYS": "web:short"}, nil, "key shorter than 32 bytes"},
 		{"API key without a client name", map[string]string{"PAYMENTS_API_KEYS": testAPIKey}, nil, "want name[/role+role]:key"},
 		{"a client twice", map[string]string{"PAYMENTS_API_KEYS": "web:" + testAPIKey + ",web:" + testAPIKey + "2"}, nil, `client "web" listed twice`},
+		{"mock fixtures with a live key", map[string]string{"STRIPE_MOCK_FIXTURES": "true", "STRIPE_API_KEY": "sk_live_abc"}, nil, "STRIPE_MOCK_FIXTURES=true with a live Stripe key"},
 		{"zero rate limit", map[string]string{"PAYMENTS_RATE_LIMIT": "0"}, nil, "PAYMENTS_RATE_LIMIT"},
 		{"two clients with one key", map[string]string{"PAYMENTS_API_KEYS": "web:" + testAPIKey + ",ops:" + testAPIKey}, nil, "clients web and ops have the same key"},
 		{"a client without the role pay", map[string]string{"PAYMENTS_API_KEYS": "web/read:" + testAPIKey}, nil, "no client has the role pay"},
@@ -113,7 +114,7 @@ func (s *stack) config(t *testing.T, role string) config {
 	return config{
 		DatabaseURL: s.dbURL, Port: strconv.Itoa(freePort(t)), Role: role, RelayEnabled: true,
 		Queue: path.Base(s.queueURL), StripeURL: s.stripe, StripeAPIKey: "sk_test_123",
-		StripePaymentMethod: "pm_card_visa", StripeTimeout: 5 * time.Second, LockTimeout: time.Minute,
+		StripePaymentMethod: "pm_card_visa", StripeTimeout: 5 * time.Second, StripeMockFixtures: true, LockTimeout: time.Minute,
 		KeyTTL: 24 * time.Hour, StartupWait: 20 * time.Second,
 		Access: service.AccessEnv{APIKeys: "web:" + testAPIKey, RateLimit: 1000, AddressRateLimit: 1000, RateWindow: time.Second},
 	}

@@ -130,7 +130,7 @@ func newEnvWith(t *testing.T, lockTimeout time.Duration, ratePerSecond int, serv
 		t.Fatal(err)
 	}
 	// No stripe-go retries: every call the proxy sees is one the service made.
-	gw := provider.NewStripe(provider.Config{URL: proxy.URL, APIKey: "sk_test_123", MaxRetries: -1, Logger: quiet})
+	gw := provider.NewStripe(provider.Config{URL: proxy.URL, APIKey: "sk_test_123", MaxRetries: -1, MockFixtures: true, Logger: quiet})
 	clients, err := service.ParseAPIKeys("web:"+webKey+",ops:"+opsKey+",reader/read:"+readerKey, service.RolePay)
 	if err != nil {
 		t.Fatal(err)

@@ -46,14 +46,22 @@ type Config struct {
 	// MaxRetries is how often stripe-go itself retries a failed call (same
 	// idempotency key) [2]; negative means none.
 	MaxRetries int
-	Logger     *slog.Logger
+	// MockFixtures accepts any 2xx payment intent from stripe-mock (a
+	// response with its Stripe-Mock-Version header) as charged: its
+	// fixtures always say "requires_payment_method", whatever happened.
+	// For local stacks and tests against stripe-mock only
+	// (STRIPE_MOCK_FIXTURES=true); off, only the status "succeeded" is a
+	// charge, whatever headers come back.
+	MockFixtures bool
+	Logger       *slog.Logger
 }
 
 // Stripe is the payment provider.
 type Stripe struct {
-	intents paymentintent.Client
-	refunds refund.Client
-	method  string
+	intents      paymentintent.Client
+	refunds      refund.Client
+	method       string
+	mockFixtures bool
 }
 
 // NewStripe returns a Stripe client with its own backend (no stripe-go
@@ -83,7 +91,8 @@ func NewStripe(cfg Config) *Stripe {
 	return &Stripe{
 		intents: paymentintent.Client{B: backend, Key: cfg.APIKey},
 		refunds: refund.Client{B: backend, Key: cfg.APIKey},
-		method:  cfg.PaymentMethod,
+		method:       cfg.PaymentMethod,
+		mockFixtures: cfg.MockFixtures,
 	}
 }
 
@@ -132,7 +141,7 @@ func (s *Stripe) Charge(ctx context.Context, c Charge) (string, error) {
 		return "", fmt.Errorf("stripe: create payment intent %s: %w", ChargeKey(c.PaymentID), err)
 	}
 	switch {
-	case pi.Status == stripe.PaymentIntentStatusSucceeded, fromStripeMock(pi.LastResponse):
+	case pi.Status == stripe.PaymentIntentStatusSucceeded, s.mockFixtures && fromStripeMock(pi.LastResponse):
 		return pi.ID, nil
 	case pi.Status == stripe.PaymentIntentStatusRequiresPaymentMethod, pi.Status == stripe.PaymentIntentStatusCanceled:
 		return "", &DeclinedError{Code: "payment_failed", Message: "the payment method was not charged (payment intent " + string(pi.Status) + ")"}
@@ -166,9 +175,9 @@ func (s *Stripe) Refund(ctx context.Context, paymentID, intentID string) (string
 // fromStripeMock reports whether a response came from stripe-mock, which
 // marks every response with a Stripe-Mock-Version header and answers with
 // hard-coded fixtures: its payment intents always say
-// "requires_payment_method", whatever happened. Their status then carries
-// no information and a 2xx is taken as the charge succeeding. The real
-// Stripe API never sends this header.
+// "requires_payment_method", whatever happened. Only with
+// Config.MockFixtures is a 2xx then taken as the charge succeeding: a
+// header is something any server or proxy in the path can send.
 func fromStripeMock(resp *stripe.APIResponse) bool {
 	return resp != nil && resp.Header.Get("Stripe-Mock-Version") != ""
 }

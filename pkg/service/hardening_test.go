@@ -1,0 +1,154 @@
+package service_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/effectively-once/payments-cashback/pkg/service"
+)
+
+// Every form of connection string pgx accepts has its password masked:
+// URL user info, the password and sslpassword query parameters, and the
+// keyword/value form, bare or quoted. Nothing else changes.
+func TestRedactURLMasksThePasswordInEveryFormPgxAccepts(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://app:hunter2@db:5432/payments?sslmode=disable":          "postgres://app:xxxxx@db:5432/payments?sslmode=disable",
+		"postgres://app@db:5432/payments?password=hunter2&sslmode=disable": "postgres://app@db:5432/payments?password=xxxxx&sslmode=disable",
+		"postgresql://db/payments?user=app&password=hunter2":               "postgresql://db/payments?password=xxxxx&user=app",
+		"postgres://db/payments?sslpassword=hunter2":                       "postgres://db/payments?sslpassword=xxxxx",
+		"host=db user=app password=hunter2 dbname=payments":                "host=db user=app password=xxxxx dbname=payments",
+		"host=db password = hunter2 dbname=payments":                       "host=db password = xxxxx dbname=payments",
+		`host=db password='hunter2 with \' spaces' dbname=payments`:        "host=db password=xxxxx dbname=payments",
+		"password=hunter2":                "password=xxxxx",
+		"host=db sslpassword=hunter2":     "host=db sslpassword=xxxxx",
+		"postgres://app@db:5432/payments": "postgres://app@db:5432/payments",
+		"http://127.0.0.1:12111":          "http://127.0.0.1:12111",
+		"8081":                            "8081",
+	} {
+		got := service.RedactURL(in)
+		if got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+		if strings.Contains(got, "hunter2") {
+			t.Errorf("RedactURL(%q) leaks the password: %q", in, got)
+		}
+	}
+}
+
+// Two clients with one key cannot be told apart (the last would win,
+// silently): refused, naming both clients and never the key.
+func TestTwoClientsWithTheSameKeyAreRefused(t *testing.T) {
+	key := "0123456789abcdef0123456789abcdef"
+	_, err := service.ParseAPIKeys("web:"+key+",ops/read:"+key, service.RolePay)
+	if err == nil || !strings.Contains(err.Error(), "web") || !strings.Contains(err.Error(), "ops") {
+		t.Fatalf("two clients with one key: %v, want an error naming both", err)
+	}
+	if strings.Contains(err.Error(), key) {
+		t.Errorf("the error repeats the key: %v", err)
+	}
+}
+
+// /readyz names each check and says ok or failing; the error's text (a
+// host, a driver's message) goes to the log only.
+func TestReadyzReportsEachChecksNameAndStatusAndLogsTheDetail(t *testing.T) {
+	var logs bytes.Buffer
+	r := service.NewRouter(slog.New(slog.NewJSONHandler(&logs, nil)), nil, map[string]service.Check{
+		"database":  func(context.Context) error { return errors.New("dial tcp 10.0.0.7:5432: connection refused") },
+		"sqs queue": func(context.Context) error { return nil },
+	})
+	w := httptest.NewRecorder()
+	r.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	body := w.Body.String()
+	if w.Code != http.StatusServiceUnavailable || !strings.Contains(body, `"database":"failing"`) || !strings.Contains(body, `"sqs queue":"ok"`) {
+		t.Errorf("/readyz: %d %s, want 503 with database failing and sqs queue ok", w.Code, body)
+	}
+	if strings.Contains(body, "10.0.0.7") || strings.Contains(body, "refused") {
+		t.Errorf("/readyz carries the error text: %s", body)
+	}
+	if !strings.Contains(logs.String(), "10.0.0.7:5432: connection refused") {
+		t.Errorf("the check's error was not logged: %s", logs.String())
+	}
+}
+
+// A key opens only the routes of its client's roles: 401 without a known
+// Bearer key, 403 naming the missing role (never the key) with one, and the
+// handler runs only for a client holding the role, whose name it sees.
+func TestRolesDecideWhichRoutesAKeyOpens(t *testing.T) {
+	const reader, admin = "reader-0123456789abcdef0123456789abcd", "admin-0123456789abcdef0123456789abcde"
+	ks, err := service.ParseAPIKeys("dash:"+reader+",ops/read+admin:"+admin, service.RoleRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.Need(service.RoleRead, service.RoleAdmin); err != nil {
+		t.Errorf("Need(read, admin): %v", err)
+	}
+	if err := ks.Need(service.RolePay); err == nil || !strings.Contains(err.Error(), "pay") {
+		t.Errorf("Need(pay) with no payer: %v, want an error naming pay", err)
+	}
+	r := service.NewRouter(slog.New(slog.NewJSONHandler(io.Discard, nil)), nil, nil)
+	r.Group(func(r chi.Router) {
+		service.Access{Keys: ks, RateLimit: 100, AddressRateLimit: 100, RateWindow: time.Second}.Protect(r)
+		r.With(service.RequireRole(service.RoleAdmin)).Post("/change", func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, "changed by "+service.ClientOf(r.Context()))
+		})
+	})
+	for _, c := range []struct {
+		auth string
+		code int
+		has  string
+	}{
+		{"", 401, "unauthorized"},
+		{"Bearer " + reader, 403, `lacks the role \"admin\"`},
+		{"Basic " + admin, 401, "unauthorized"},
+		{"bearer " + admin, 200, "changed by ops"},
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/change", nil)
+		if c.auth != "" {
+			req.Header.Set("Authorization", c.auth)
+		}
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, req)
+		if w.Code != c.code || !strings.Contains(w.Body.String(), c.has) {
+			t.Errorf("%.12q: %d %s, want %d with %s", c.auth, w.Code, w.Body, c.code, c.has)
+		}
+		if strings.Contains(w.Body.String(), reader) || strings.Contains(w.Body.String(), admin) {
+			t.Errorf("%.12q: the answer repeats a key: %s", c.auth, w.Body)
+		}
+	}
+}
+
+// LISTEN_ADDR picks the interface (loopback unless set), PORT the port; a
+// host:port PORT still works, but not together with LISTEN_ADDR.
+func TestListenAddrBindsLoopbackUnlessTold(t *testing.T) {
+	for _, c := range []struct{ host, port, want string }{
+		{"", "8081", "127.0.0.1:8081"},
+		{"0.0.0.0", "8081", "0.0.0.0:8081"},
+		{"::1", "8081", "[::1]:8081"},
+		{"", ":8081", "0.0.0.0:8081"},
+		{"", "127.0.0.1:8081", "127.0.0.1:8081"},
+		{"", "0", "127.0.0.1:0"},
+		{"0.0.0.0", "127.0.0.1:8081", ""},
+		{"", "http", ""},
+		{"", "70000", ""},
+	} {
+		got, err := service.ListenAddr(c.host, c.port)
+		if got != c.want || (c.want == "") != (err != nil) {
+			t.Errorf("ListenAddr(%q, %q) = %q, %v; want %q", c.host, c.port, got, err, c.want)
+		}
+	}
+	for addr, want := range map[string]bool{"127.0.0.1:1": true, "[::1]:1": true, "localhost:1": true, "0.0.0.0:1": false, ":1": false, "10.0.0.1:1": false} {
+		if service.Loopback(addr) != want {
+			t.Errorf("Loopback(%q) = %v, want %v", addr, !want, want)
+		}
+	}
+}
