@@ -56,6 +56,21 @@ func TestComposeFileBuildsChecksHealthAndStartsInOrder(t *testing.T) {
 			t.Errorf("%s: stop_grace_period %v, want more than the services' 30 s shutdown deadline", name, g)
 		}
 	}
+	// Containers bind every interface of their own network namespace, and
+	// each service knows its clients (it would not start otherwise).
+	for name, keys := range map[string]string{"payments": "PAYMENTS_API_KEYS", "rewards": "REWARDS_API_KEYS",
+		"notifications": "NOTIFICATIONS_API_KEYS", "smsprovider": "SMS_PROVIDER_API_KEYS"} {
+		env := p.Services[name].Environment
+		if v := env["LISTEN_ADDR"]; v == nil || *v != "0.0.0.0" {
+			t.Errorf("%s: LISTEN_ADDR = %v, want 0.0.0.0 inside compose", name, v)
+		}
+		if v := env[keys]; v == nil || *v == "" {
+			t.Errorf("%s: no %s", name, keys)
+		}
+	}
+	if v := p.Services["smsprovider"].Environment["SMS_PROVIDER_ALLOW_REMOTE"]; v == nil || *v != "true" {
+		t.Errorf("smsprovider: SMS_PROVIDER_ALLOW_REMOTE = %v, want true (it refuses 0.0.0.0 otherwise)", v)
+	}
 	if _, ok := p.Services["notifications"].DependsOn["smsprovider"]; !ok {
 		t.Error("notifications does not wait for the SMS provider")
 	}

@@ -108,10 +108,29 @@ func do(t testing.TB, method, url string, headers map[string]string, body any) (
 	return resp.StatusCode, resp.Header, b
 }
 
-// authorize adds the stack's API key to a request for the payments API.
+// authorize adds the stack's dev key for the service and role a request
+// needs: the payments client; rewards' and the SMS provider's operator for
+// a POST (rate changes, fault injection), their reader otherwise; the
+// notifications reader.
 func authorize(req *http.Request) {
-	if s.apiKey != "" && strings.HasPrefix(req.URL.String(), s.paymentsURL) {
-		req.Header.Set("Authorization", "Bearer "+s.apiKey)
+	u, post := req.URL.String(), req.Method == http.MethodPost
+	key := ""
+	switch {
+	case strings.HasPrefix(u, s.paymentsURL):
+		key = s.apiKey
+	case strings.HasPrefix(u, s.rewardsURL) && post:
+		key = s.keys["REWARDS_ADMIN_KEY"]
+	case strings.HasPrefix(u, s.rewardsURL):
+		key = s.keys["REWARDS_READ_KEY"]
+	case strings.HasPrefix(u, s.notificationsURL):
+		key = s.keys["NOTIFICATIONS_READ_KEY"]
+	case strings.HasPrefix(u, s.smsURL) && post:
+		key = s.keys["SMS_PROVIDER_ADMIN_KEY"]
+	case strings.HasPrefix(u, s.smsURL):
+		key = s.keys["SMS_PROVIDER_READ_KEY"]
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
 	}
 }
 

@@ -62,7 +62,10 @@ type suite struct {
 	payQ, payDLQ        string // queue URLs
 	rewQ, rewDLQ        string
 
-	apiKey     string // the payments API's key for this suite (Authorization: Bearer)
+	apiKey string // the payments API's key for this suite (Authorization: Bearer)
+	// keys are the other dev clients' keys, by stack.DevClients' KeyVar
+	// (REWARDS_READ_KEY, REWARDS_ADMIN_KEY, NOTIFICATIONS_READ_KEY, ...).
+	keys       map[string]string
 	redriveBin string
 	run        string // unique per suite run: user and payment ids carry it
 
@@ -74,6 +77,15 @@ var s suite
 // ComposeAPIKey is the dev client's key in docker-compose.yml (a demo
 // value, never a production one).
 const ComposeAPIKey = "dev-compose-demo-key-0123456789abcdef"
+
+// composeKeys are the other demo keys of docker-compose.yml.
+var composeKeys = map[string]string{
+	"REWARDS_READ_KEY":       "dev-compose-rewards-read-0123456789abcdef",
+	"REWARDS_ADMIN_KEY":      "dev-compose-rewards-admin-0123456789abcdef",
+	"NOTIFICATIONS_READ_KEY": "dev-compose-notifications-read-0123456789abcdef",
+	"SMS_PROVIDER_READ_KEY":  "dev-compose-sms-read-0123456789abcdef",
+	"SMS_PROVIDER_ADMIN_KEY": "dev-compose-sms-admin-0123456789abcdef",
+}
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -124,6 +136,9 @@ func setup(m *testing.M) (code int, err error) {
 		s.env["OTEL_TRACES_EXPORTER"] = "otlp"
 		s.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = s.traces.url
 		s.env["OTEL_BSP_SCHEDULE_DELAY"] = "200" // ms: spans arrive quickly
+		// A new rate starts a second from now, not a minute: the rate
+		// scenarios see it take effect without waiting.
+		s.env["REWARDS_RATE_MIN_LEAD"] = "1s"
 		t0 := time.Now()
 		s.local, err = stack.StartLocal(ctx, stack.Options{Root: s.root, Env: s.env,
 			LogDir: filepath.Join(s.root, ".stack", "logs", "e2e"), Ready: time.Minute})
@@ -139,6 +154,10 @@ func setup(m *testing.M) (code int, err error) {
 		fmt.Printf("e2e: local stack up in %v (logs in %s)\n", time.Since(t0).Round(time.Millisecond), filepath.Dir(s.local.LogPath("payments")))
 		s.paymentsURL, s.rewardsURL = s.local.URL(stack.Payments), s.local.URL(stack.Rewards)
 		s.apiKey = s.local.APIKey()
+		s.keys = map[string]string{}
+		for _, c := range stack.DevClients {
+			s.keys[c.KeyVar] = s.local.Key(c.KeyVar)
+		}
 		s.notificationsURL, s.smsURL = s.local.URL(stack.Notifications), s.local.URL(stack.SMSProvider)
 	case "compose", "external":
 		// The services of docker-compose.yml, on their published ports.
@@ -161,6 +180,13 @@ func setup(m *testing.M) (code int, err error) {
 		}
 		s.paymentsURL, s.rewardsURL = s.env["PAYMENTS_URL"], s.env["REWARDS_URL"]
 		s.apiKey = s.env["PAYMENTS_API_KEY"]
+		s.keys = map[string]string{}
+		for k, def := range composeKeys {
+			s.keys[k] = def
+			if v := os.Getenv(k); v != "" {
+				s.keys[k] = v
+			}
+		}
 		s.notificationsURL, s.smsURL = s.env["NOTIFICATIONS_URL"], s.env["SMS_PROVIDER_URL"]
 		for _, u := range []string{s.paymentsURL, s.rewardsURL, s.notificationsURL} {
 			if err := readyz(ctx, u+"/readyz"); err != nil {

@@ -14,13 +14,22 @@ type rate struct {
 	RateBP        int       `json:"rate_bp"`
 }
 
+// setRate schedules bp as the dev operator (REWARDS_ADMIN_KEY), starting
+// the minimum lead from now, and waits until it is in force.
 func setRate(t testing.TB, bp int) rate {
 	t.Helper()
 	code, _, b := do(t, http.MethodPost, s.rewardsURL+"/v1/cashback-rates", nil, map[string]any{"rate_bp": bp})
 	if code != http.StatusCreated {
 		t.Fatalf("POST /v1/cashback-rates %d: %d %s", bp, code, b)
 	}
-	return decode[rate](t, b)
+	r := decode[rate](t, b)
+	if wait := time.Until(r.EffectiveFrom); wait > 0 {
+		if wait > 10*time.Second {
+			t.Fatalf("the rate takes effect in %v: the stack's REWARDS_RATE_MIN_LEAD is too long for the suite", wait)
+		}
+		time.Sleep(wait + 50*time.Millisecond) // the database's clock and ours
+	}
+	return r
 }
 
 // Scenario 8. A non-deterministic handler would read "the rate now". The

@@ -412,6 +412,15 @@ ensure_stripe_mock() {
 # ---------------------------------------------------------------------------
 # commands
 
+dev_key() { # NAME → a random key, made once per stack in .stack/keys/NAME
+	local f=$STACK/keys/$1
+	if [[ ! -s $f ]]; then
+		mkdir -p "$STACK/keys"
+		(umask 077 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$f")
+	fi
+	cat "$f"
+}
+
 env_line() { # KEY VALUE → export KEY='VALUE', quoted for sh
 	local q="'\\''"
 	printf "export %s='%s'\n" "$1" "${2//\'/$q}"
@@ -438,6 +447,11 @@ cmd_infra_up() {
 		(umask 077 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$STACK/api-key")
 	fi
 	api_key=$(<"$STACK/api-key")
+	# One dev client per service and role (DevClients in internal/stack),
+	# each key made once per stack and kept in .stack/keys/.
+	local rr ra nr sr sa
+	rr=$(dev_key rewards-read) ra=$(dev_key rewards-admin) nr=$(dev_key notifications-read)
+	sr=$(dev_key sms-read) sa=$(dev_key sms-admin)
 	local tmp=$STACK/env.tmp
 	{
 		echo "# Written by scripts/stack.sh infra-up; removed by down. Load it with: . .stack/env"
@@ -454,6 +468,20 @@ cmd_infra_up() {
 		# knows its clients from PAYMENTS_API_KEYS (name:key,...).
 		env_line PAYMENTS_API_KEY "$api_key"
 		env_line PAYMENTS_API_KEYS "dev:$api_key"
+		# Rewards: read (wallets, rates) and admin (rate changes);
+		# notifications: read; the dev SMS provider: read (deliveries) and
+		# admin (fault injection). Callers send the *_KEY of the role.
+		env_line REWARDS_READ_KEY "$rr"
+		env_line REWARDS_ADMIN_KEY "$ra"
+		env_line REWARDS_API_KEYS "dev-read/read:$rr,dev-admin/read+admin:$ra"
+		env_line NOTIFICATIONS_READ_KEY "$nr"
+		env_line NOTIFICATIONS_API_KEYS "dev-read/read:$nr"
+		env_line SMS_PROVIDER_READ_KEY "$sr"
+		env_line SMS_PROVIDER_ADMIN_KEY "$sa"
+		env_line SMS_PROVIDER_API_KEYS "dev-read/read:$sr,dev-admin/read+admin:$sa"
+		# The services bind this machine's loopback only; Stripe is stripe-mock.
+		env_line LISTEN_ADDR 127.0.0.1
+		env_line STRIPE_MOCK_FIXTURES true
 		# The services are started elsewhere; these are where they will be.
 		env_line PAYMENTS_URL "http://127.0.0.1:${PAYMENTS_PORT:-8081}"
 		env_line REWARDS_URL "http://127.0.0.1:${REWARDS_PORT:-8082}"

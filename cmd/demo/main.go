@@ -173,14 +173,11 @@ func (d *demo) story(ctx context.Context) (*result, error) {
 	r := &result{key: fmt.Sprintf("demo-%d", time.Now().Unix())}
 	payments, rewards, notifications, provider := d.l.URL(stack.Payments), d.l.URL(stack.Rewards),
 		d.l.URL(stack.Notifications), d.l.URL(stack.SMSProvider)
-	paymentsAPI.url, paymentsAPI.key = payments, d.l.APIKey()
+	apiKeys = map[string]string{payments: d.l.APIKey(), rewards: d.l.Key("REWARDS_READ_KEY"),
+		notifications: d.l.Key("NOTIFICATIONS_READ_KEY"), provider: d.l.Key("SMS_PROVIDER_READ_KEY")}
 
-	before, err := d.metrics(ctx)
-	if err != nil {
-		return nil, err
-	}
 	var w wallet
-	if _, err := getJSON(ctx, rewards+"/v1/wallets/"+userID, &w); err != nil {
+	if _, err := getJSON(ctx, rewards+"/v1/wallets/"+userID+"?limit=1", &w); err != nil {
 		return nil, err
 	}
 	r.balanceBefore = w.BalancePaise
@@ -201,6 +198,7 @@ func (d *demo) story(ctx context.Context) (*result, error) {
 	// 2. The relay publishes PaymentSucceeded; Rewards credits the cashback.
 	t := time.Now()
 	err = d.eventually(ctx, "the cashback credit of "+p.ID, func() (bool, error) {
+		// Newest first: a new credit is on the first page.
 		if _, err := getJSON(ctx, rewards+"/v1/wallets/"+userID, &w); err != nil {
 			return false, err
 		}
@@ -251,13 +249,15 @@ func (d *demo) story(ctx context.Context) (*result, error) {
 	}
 	say("re-sent PaymentSucceeded %s to %s %d times (same body, same event_id)", env.EventID, paymentsQueue, resends)
 
-	// 4. Wait until Rewards has seen all three copies and the queue is empty.
-	var after map[string]float64
-	err = d.eventually(ctx, "rewards to receive all 3 copies and "+paymentsQueue+" to drain", func() (bool, error) {
-		if after, err = d.metrics(ctx); err != nil {
+	// 4. Wait until Rewards has handled all three copies of this event (its
+	// own log lines, by event id: other payments made meanwhile, by a
+	// curl in another shell say, do not count) and the queue is empty.
+	rewardsLog := d.l.LogPath(stack.Rewards)
+	err = d.eventually(ctx, "rewards to handle all 3 copies and "+paymentsQueue+" to drain", func() (bool, error) {
+		if r.applied, r.duplicates, err = eventOutcomes(rewardsLog, env.EventID); err != nil {
 			return false, err
 		}
-		if after[mReceived]-before[mReceived] < 1+resends {
+		if r.applied+r.duplicates < 1+resends {
 			return false, nil
 		}
 		n, err := d.queueDepth(ctx)
@@ -271,12 +271,10 @@ func (d *demo) story(ctx context.Context) (*result, error) {
 		return nil, ctx.Err()
 	case <-time.After(2 * time.Second):
 	}
-	if after, err = d.metrics(ctx); err != nil {
+	if r.applied, r.duplicates, err = eventOutcomes(rewardsLog, env.EventID); err != nil {
 		return nil, err
 	}
-	r.delivered = int64(after[mReceived] - before[mReceived])
-	r.applied = int64(after[mApplied] - before[mApplied])
-	r.duplicates = int64(after[mDuplicate] - before[mDuplicate])
+	r.delivered = r.applied + r.duplicates
 
 	rdb, err := readOnly(ctx, d.env["REWARDS_DATABASE_URL"])
 	if err != nil {
@@ -324,11 +322,12 @@ func (d *demo) story(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 	r.status, r.paymentAmount = p.Status, p.AmountPaise
-	if _, err := getJSON(ctx, rewards+"/v1/wallets/"+userID, &w); err != nil {
+	all, balance, err := allCredits(ctx, rewards+"/v1/wallets/"+userID)
+	if err != nil {
 		return nil, err
 	}
-	r.balance, r.walletCredits = w.BalancePaise, len(w.Credits)
-	for _, c := range w.Credits {
+	r.balance, r.walletCredits = balance, len(all)
+	for _, c := range all {
 		if c.Status == "CREDITED" {
 			r.creditsSum += c.AmountPaise
 		}
@@ -389,7 +388,8 @@ func printTry(w io.Writer, l *stack.Local, r *result) {
 		return s
 	}
 	fmt.Fprintf(w, `The stack stays up for exploring; Ctrl-C stops everything this run started.
-In another shell, first: . .stack/env   (the endpoints, and PAYMENTS_API_KEY for the payments API)
+In another shell, first: . .stack/env   (the endpoints, and a dev key per service and role:
+PAYMENTS_API_KEY; REWARDS_READ_KEY, REWARDS_ADMIN_KEY; NOTIFICATIONS_READ_KEY; SMS_PROVIDER_READ_KEY)
 
   # a payment of ₹500 (201; ₹10 cashback and an SMS follow)
   %s
@@ -400,9 +400,9 @@ In another shell, first: . .stack/env   (the endpoints, and PAYMENTS_API_KEY for
   # refund the demo's payment: PaymentRefunded → the cashback is reversed, an SMS says so
   %s
   # u_17's wallet, the SMS of the demo's cashback, what the provider delivered
-  curl -s %s/v1/wallets/%s
-  curl -s '%s/v1/notifications?event_id=%s'
-  curl -s %s/v1/deliveries
+  curl -s %s/v1/wallets/%s -H "Authorization: Bearer $REWARDS_READ_KEY"
+  curl -s '%s/v1/notifications?event_id=%s' -H "Authorization: Bearer $NOTIFICATIONS_READ_KEY"
+  curl -s %s/v1/deliveries -H "Authorization: Bearer $SMS_PROVIDER_READ_KEY"
   # the dedupe at work
   curl -s %s/metrics | grep -E '^(idempotent_messages_total|rewards_events_total|sqs_messages_received_total)'
 
@@ -416,76 +416,66 @@ In another shell, first: . .stack/env   (the endpoints, and PAYMENTS_API_KEY for
 // ---------------------------------------------------------------------------
 // helpers
 
-// Metrics of rewards the story reads (Prometheus text at /metrics).
+// Log lines of rewards' processor (cashback.Processor): one per copy of
+// an event it handled.
 const (
-	mReceived  = `sqs_messages_received_total{queue="payments-events"}`
-	mApplied   = `idempotent_messages_total{consumer="rewards",outcome="applied"}`
-	mDuplicate = `idempotent_messages_total{consumer="rewards",outcome="duplicate"}`
+	logApplied   = "payment event applied"
+	logDuplicate = "duplicate copy acked: already applied"
 )
 
-func (d *demo) metrics(ctx context.Context) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.l.URL(stack.Rewards)+"/metrics", nil)
+// eventOutcomes counts, in the rewards log at path, the copies of event
+// that were applied and those acked as duplicates: this event's own lines,
+// whatever else the service handled meanwhile.
+func eventOutcomes(path string, event uuid.UUID) (applied, duplicates int64, err error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return 0, 0, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("rewards /metrics: %w", err)
+	id := event.String()
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if !bytes.Contains(line, []byte(id)) {
+			continue
+		}
+		var rec struct {
+			Msg     string `json:"msg"`
+			EventID string `json:"event_id"`
+		}
+		if json.Unmarshal(line, &rec) != nil || rec.EventID != id {
+			continue
+		}
+		switch rec.Msg {
+		case logApplied:
+			applied++
+		case logDuplicate:
+			duplicates++
+		}
 	}
-	defer resp.Body.Close()
-	text, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]float64{}
-	for _, m := range []string{mReceived, mApplied, mDuplicate} {
-		out[m] = sumMetric(string(text), m)
-	}
-	return out, nil
+	return applied, duplicates, nil
 }
 
-// sumMetric adds up the samples of Prometheus text whose name is sel's and
-// whose labels include all of sel's (sel: name{k="v",...}).
-func sumMetric(text, sel string) float64 {
-	name, want := splitSample(sel)
-	var sum float64
-	for _, line := range strings.Split(text, "\n") {
-		if line == "" || line[0] == '#' {
-			continue
+// allCredits reads every page of a wallet (GET url, next_before) and
+// returns the credits and the balance.
+func allCredits(ctx context.Context, url string) ([]credit, int64, error) {
+	var all []credit
+	var balance int64
+	for before := int64(0); ; {
+		u := url + "?limit=1000"
+		if before > 0 {
+			u += "&before=" + strconv.FormatInt(before, 10)
 		}
-		sp := strings.LastIndexByte(line, ' ')
-		if sp < 0 {
-			continue
+		var w wallet
+		if _, err := getJSON(ctx, u, &w); err != nil {
+			return nil, 0, err
 		}
-		n, labels := splitSample(line[:sp])
-		if n != name {
-			continue
+		if before == 0 {
+			balance = w.BalancePaise
 		}
-		ok := true
-		for k, v := range want {
-			ok = ok && labels[k] == v
+		all = append(all, w.Credits...)
+		if w.NextBefore == 0 {
+			return all, balance, nil
 		}
-		if v, err := strconv.ParseFloat(line[sp+1:], 64); ok && err == nil {
-			sum += v
-		}
+		before = w.NextBefore
 	}
-	return sum
-}
-
-func splitSample(s string) (string, map[string]string) {
-	name, rest, _ := strings.Cut(s, "{")
-	labels := map[string]string{}
-	rest = strings.TrimSuffix(rest, "}")
-	for rest != "" {
-		k, after, ok := strings.Cut(rest, `="`)
-		if !ok {
-			break
-		}
-		v, next, _ := strings.Cut(after, `"`)
-		labels[strings.TrimLeft(k, ",")] = v
-		rest = next
-	}
-	return name, labels
 }
 
 func (d *demo) queueDepth(ctx context.Context) (int, error) {
@@ -573,8 +563,10 @@ func getJSON(ctx context.Context, u string, out any) (int, error) {
 	return code, err
 }
 
-// paymentsAPI is where the payments API is and the key it wants.
-var paymentsAPI struct{ url, key string }
+// apiKeys are the dev keys the story sends, by service base URL: the
+// payments client's, and the readers' of rewards, notifications and the
+// SMS provider.
+var apiKeys map[string]string
 
 func doJSON(ctx context.Context, method, u string, headers map[string]string, body string, out any) (int, error) {
 	var rd io.Reader
@@ -588,8 +580,10 @@ func doJSON(ctx context.Context, method, u string, headers map[string]string, bo
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if paymentsAPI.key != "" && strings.HasPrefix(u, paymentsAPI.url) {
-		req.Header.Set("Authorization", "Bearer "+paymentsAPI.key)
+	for base, key := range apiKeys {
+		if key != "" && strings.HasPrefix(u, base+"/") {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
 	}
 	for k, v := range headers {
 		req.Header.Set(k, v)
@@ -652,6 +646,7 @@ type payment struct {
 type wallet struct {
 	BalancePaise int64    `json:"balance_paise"`
 	Credits      []credit `json:"credits"`
+	NextBefore   int64    `json:"next_before"`
 }
 
 type credit struct {

@@ -1,6 +1,13 @@
 package main
 
-import "testing"
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+)
 
 func TestINR(t *testing.T) {
 	for paise, want := range map[int64]string{
@@ -13,23 +20,27 @@ func TestINR(t *testing.T) {
 	}
 }
 
-func TestSumMetric(t *testing.T) {
-	text := `# HELP idempotent_messages_total Messages seen
-# TYPE idempotent_messages_total counter
-idempotent_messages_total{consumer="rewards",otel_scope_name="x",outcome="applied"} 1
-idempotent_messages_total{consumer="rewards",otel_scope_name="x",outcome="duplicate"} 2
-idempotent_messages_total{consumer="other",otel_scope_name="x",outcome="applied"} 7
-sqs_messages_received_total{otel_scope_name="y",queue="payments-events"} 3
-`
-	for sel, want := range map[string]float64{
-		mApplied: 1, mDuplicate: 2, mReceived: 3,
-		`idempotent_messages_total{outcome="applied"}`: 8,
-		`idempotent_messages_total`:                    10,
-		`nothing_total`:                                0,
-	} {
-		if got := sumMetric(text, sel); got != want {
-			t.Errorf("sumMetric(%s) = %v, want %v", sel, got, want)
-		}
+// The self-check counts the story's own event only: lines of other
+// events (a concurrent payment's, say) and lines merely mentioning the id
+// change nothing.
+func TestEventOutcomesCountOnlyThisEventsLines(t *testing.T) {
+	ev, other := uuid.MustParse("01a23790-36a5-7633-a1f0-086b85881942"), uuid.MustParse("01a23790-36a5-7633-a1f0-086b85881943")
+	log := strings.Join([]string{
+		`{"level":"INFO","msg":"payment event applied","event_id":"` + ev.String() + `"}`,
+		`{"level":"INFO","msg":"duplicate copy acked: already applied","event_id":"` + ev.String() + `"}`,
+		`{"level":"INFO","msg":"duplicate copy acked: already applied","event_id":"` + ev.String() + `"}`,
+		`{"level":"INFO","msg":"payment event applied","event_id":"` + other.String() + `"}`,
+		`{"level":"INFO","msg":"duplicate copy acked: already applied","event_id":"` + other.String() + `"}`,
+		`{"level":"INFO","msg":"payment event applied","note":"` + ev.String() + `"}`,
+		`not json ` + ev.String(),
+	}, "\n")
+	path := filepath.Join(t.TempDir(), "rewards.log")
+	if err := os.WriteFile(path, []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	applied, dups, err := eventOutcomes(path, ev)
+	if err != nil || applied != 1 || dups != 2 {
+		t.Errorf("eventOutcomes = %d applied, %d duplicates, %v; want 1 and 2", applied, dups, err)
 	}
 }
 

@@ -149,6 +149,58 @@ func parseEnv(path string, b []byte) (map[string]string, error) {
 // StartLocal.
 func (l *Local) APIKey() string { return l.env["PAYMENTS_API_KEY"] }
 
+// Key is the dev client key in the variable name (one of DevClients'
+// KeyVar: REWARDS_READ_KEY, REWARDS_ADMIN_KEY, ...), from .stack/env or
+// made by StartLocal.
+func (l *Local) Key(name string) string { return l.env[name] }
+
+// DevClient is one dev client of a local stack's service: the variable its
+// key is in (for callers), its entry in the service's *_API_KEYS
+// (name/roles) and that variable.
+type DevClient struct {
+	KeyVar, Entry, KeysVar string
+}
+
+// DevClients are the local stack's clients, one per service and role, as
+// scripts/stack.sh writes them to .stack/env: the payments client (pay),
+// a reader and an operator (read+admin) of rewards and of the SMS
+// provider, and a reader of notifications.
+var DevClients = []DevClient{
+	{"PAYMENTS_API_KEY", "dev", "PAYMENTS_API_KEYS"},
+	{"REWARDS_READ_KEY", "dev-read/read", "REWARDS_API_KEYS"},
+	{"REWARDS_ADMIN_KEY", "dev-admin/read+admin", "REWARDS_API_KEYS"},
+	{"NOTIFICATIONS_READ_KEY", "dev-read/read", "NOTIFICATIONS_API_KEYS"},
+	{"SMS_PROVIDER_READ_KEY", "dev-read/read", "SMS_PROVIDER_API_KEYS"},
+	{"SMS_PROVIDER_ADMIN_KEY", "dev-admin/read+admin", "SMS_PROVIDER_API_KEYS"},
+}
+
+// withDevDefaults returns env (a copy if it changes anything) with what a
+// local stack needs and the caller left out: loopback listen addresses,
+// stripe-mock's fixtures accepted, and a fresh key for every dev client of
+// a service whose *_API_KEYS is unset.
+func withDevDefaults(env map[string]string) map[string]string {
+	out := maps.Clone(env)
+	if out["LISTEN_ADDR"] == "" {
+		out["LISTEN_ADDR"] = "127.0.0.1" // this machine only; compose binds 0.0.0.0
+	}
+	if out["STRIPE_MOCK_FIXTURES"] == "" {
+		out["STRIPE_MOCK_FIXTURES"] = "true" // the local stack's Stripe is stripe-mock
+	}
+	made := map[string][]string{}
+	for _, c := range DevClients {
+		if env[c.KeysVar] != "" {
+			continue
+		}
+		key := rand.Text() + rand.Text()
+		out[c.KeyVar] = key
+		made[c.KeysVar] = append(made[c.KeysVar], c.Entry+":"+key)
+	}
+	for v, entries := range made {
+		out[v] = strings.Join(entries, ",")
+	}
+	return out
+}
+
 // Options configure StartLocal.
 type Options struct {
 	// Root is the repository root (default: RepoRoot()).
@@ -265,7 +317,8 @@ func goBuild(ctx context.Context, root, binDir string, pkgs []string) error {
 // StartLocal builds the four service binaries into <Root>/bin (only those:
 // a half-written tool under ./cmd must not stop the stack; Build builds
 // everything), then starts smsprovider, payments, rewards and notifications
-// in that order, each on its port (see Options.Env), and waits until each
+// in that order, each on its port (see Options.Env) of 127.0.0.1 only
+// (LISTEN_ADDR, unless Env sets another), and waits until each
 // answers 200 on /readyz (the SMS provider: /healthz). A port already taken
 // fails fast with a *PortInUseError naming it. On any error whatever it
 // started is stopped again. ctx bounds the build and the waits, not the
@@ -307,14 +360,9 @@ func StartLocal(ctx context.Context, o Options) (*Local, error) {
 	if err := os.MkdirAll(o.LogDir, 0o755); err != nil {
 		return nil, fmt.Errorf("stack: %w", err)
 	}
-	if o.Env["PAYMENTS_API_KEYS"] == "" {
-		// A stack from before API keys, or a test's own environment: one
-		// client, "dev", with a fresh key (copy: the caller's map stays).
-		env := maps.Clone(o.Env)
-		key := rand.Text() + rand.Text()
-		env["PAYMENTS_API_KEYS"], env["PAYMENTS_API_KEY"] = "dev:"+key, key
-		o.Env = env
-	}
+	// A stack from before API keys, or a test's own environment: fresh
+	// dev clients (a copy: the caller's map stays as it is).
+	o.Env = withDevDefaults(o.Env)
 	l := &Local{root: o.Root, binDir: filepath.Join(o.Root, "bin"), logDir: o.LogDir, env: o.Env,
 		ready: o.Ready, procs: map[string]*proc{}}
 	for _, name := range Services {
@@ -668,10 +716,10 @@ func freePort() (int, error) {
 }
 
 // checkPort fails with a *PortInUseError if something listens on port.
-// The services listen on every interface (":port"), so that is what is
-// tried.
+// The services listen on loopback (LISTEN_ADDR=127.0.0.1), so that is what
+// is tried; a process bound to every interface holds it too.
 func (l *Local) checkPort(name string, port int) error {
-	ln, err := net.Listen("tcp", ":"+strconv.Itoa(port))
+	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 	if err == nil {
 		ln.Close()
 		return nil
