@@ -189,6 +189,20 @@ func TestLocal(t *testing.T) {
 		if want := env[bases[name].urlVar]; l.URL(name) != want {
 			t.Fatalf("URL(%s) = %s, want %s (from the env)", name, l.URL(name), want)
 		}
+		// Loopback only: the HTTP task is named by the address it binds.
+		b, _ := os.ReadFile(l.LogPath(name))
+		if want := fmt.Sprintf(`"task":"http 127.0.0.1:%d"`, l.Port(name)); !strings.Contains(string(b), want) {
+			t.Errorf("%s's log has no %s: it does not bind loopback only", name, want)
+		}
+	}
+	// The read routes need the dev keys StartLocal made.
+	req, _ := http.NewRequest(http.MethodGet, l.URL(Rewards)+"/v1/cashback-rates", nil)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("rates without a key: %v %v, want 401", resp, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+l.Key("REWARDS_READ_KEY"))
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("rates with REWARDS_READ_KEY: %v %v, want 200", resp, err)
 	}
 
 	// Kill: SIGKILL, gone, port free, exit by signal.
@@ -411,4 +425,27 @@ func parentDeathHelper() {
 	}
 	_ = json.NewEncoder(os.Stdout).Encode(pids)
 	time.Sleep(time.Hour)
+}
+
+// A stack started without keys gets one fresh key per dev client, every
+// *_API_KEYS a service needs, loopback binds and stripe-mock's fixtures;
+// what the caller set stays, and the caller's map is not touched.
+func TestDevDefaultsFillOnlyWhatIsMissing(t *testing.T) {
+	in := map[string]string{"PAYMENTS_API_KEYS": "web:k", "PAYMENTS_API_KEY": "k", "LISTEN_ADDR": "::1"}
+	out := withDevDefaults(in)
+	if len(in) != 3 {
+		t.Errorf("the caller's map changed: %v", in)
+	}
+	if out["PAYMENTS_API_KEYS"] != "web:k" || out["PAYMENTS_API_KEY"] != "k" || out["LISTEN_ADDR"] != "::1" || out["STRIPE_MOCK_FIXTURES"] != "true" {
+		t.Errorf("defaults overrode the caller or missed one: %v", out)
+	}
+	for _, c := range DevClients[1:] {
+		k := out[c.KeyVar]
+		if len(k) < 32 || !strings.Contains(out[c.KeysVar], c.Entry+":"+k) {
+			t.Errorf("%s = %q not in %s = %q", c.KeyVar, k, c.KeysVar, out[c.KeysVar])
+		}
+	}
+	if withDevDefaults(map[string]string{})["LISTEN_ADDR"] != "127.0.0.1" {
+		t.Error("no LISTEN_ADDR default of 127.0.0.1")
+	}
 }
