@@ -139,9 +139,15 @@ func setup(m *testing.M) (code int, err error) {
 		// A new rate starts a second from now, not a minute: the rate
 		// scenarios see it take effect without waiting.
 		s.env["REWARDS_RATE_MIN_LEAD"] = "1s"
+		// The logs of this run only: scenarios count log lines, and a
+		// previous run's would be counted too.
+		logDir := filepath.Join(s.root, ".stack", "logs", "e2e")
+		if err := os.RemoveAll(logDir); err != nil {
+			return 0, err
+		}
 		t0 := time.Now()
 		s.local, err = stack.StartLocal(ctx, stack.Options{Root: s.root, Env: s.env,
-			LogDir: filepath.Join(s.root, ".stack", "logs", "e2e"), Ready: time.Minute})
+			LogDir: logDir, Ready: time.Minute})
 		var busy *stack.PortInUseError
 		if errors.As(err, &busy) {
 			return 0, fmt.Errorf("%w\n(to run the suite against services that are already up, set E2E_STACK=compose; "+
