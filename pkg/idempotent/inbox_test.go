@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -381,5 +382,52 @@ func TestInboxBacklogFigures(t *testing.T) {
 	all, err := idempotent.InboxBacklog(ctx, pool, "")
 	if err != nil || len(all) != 1 || all[0].Consumer != "notifications" {
 		t.Fatalf("InboxBacklog(all) = %+v, %v", all, err)
+	}
+}
+
+// A key is busy while any of its rows runs: a v1 that arrives while v2's
+// handler is still in flight becomes the key's head, but no other worker or
+// replica may start it until v2's attempt has ended. Rows of one key are
+// applied one at a time, whatever arrives meanwhile.
+func TestInboxNeverRunsTwoRowsOfOneKeyAtOnce(t *testing.T) {
+	pool := inboxSetup(t)
+	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
+	v1, v2 := keyedEvent(t, "cb_1", 1), keyedEvent(t, "cb_1", 2)
+	var mu sync.Mutex
+	inFlight, peak := 0, 0
+	v2Running, releaseV2 := make(chan struct{}), make(chan struct{})
+	var v2Once sync.Once
+	h := func(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
+		mu.Lock()
+		inFlight++
+		peak = max(peak, inFlight)
+		mu.Unlock()
+		defer func() { mu.Lock(); inFlight--; mu.Unlock() }()
+		if e.EventID == v2.EventID {
+			v2Once.Do(func() { close(v2Running) })
+			<-releaseV2
+		}
+		return record(ctx, tx, e)
+	}
+	receive(t, in, v2)
+	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{Workers: 2, BatchSize: 1, PollInterval: 5 * time.Millisecond}, 2)
+	select {
+	case <-v2Running:
+	case <-time.After(5 * time.Second):
+		t.Fatal("v2 never reached its handler")
+	}
+	receive(t, in, v1)
+	time.Sleep(500 * time.Millisecond) // a hundred polls of four workers
+	close(releaseV2)
+	waitFor(t, 10*time.Second, "both DONE", func() bool {
+		return count(t, pool, `SELECT count(*) FROM inbox WHERE status = 'DONE'`) == 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if peak != 1 {
+		t.Fatalf("peak handlers in flight for one key = %d, want 1", peak)
+	}
+	if vs := appliedVersions(t, pool)["cb_1"]; !slices.Equal(vs, []int64{2, 1}) {
+		t.Fatalf("applied %v, want [2 1]: v2 first (it was running), then the late v1", vs)
 	}
 }

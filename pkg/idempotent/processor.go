@@ -120,7 +120,18 @@ func (c *ProcessorConfig) defaults(in *Inbox) {
 // (aggregate_version, occurred_at, event_id), not in arrival order: only a
 // key's head, its first row that is not DONE, may run, and the next row of
 // the key becomes the head only when the head's DONE commits. Different keys
-// run in parallel, across workers and replicas. Consequences, by design:
+// run in parallel, across workers and replicas.
+//
+// "One at a time" holds even when a lower version arrives while a higher
+// one runs (v2 in its handler, then v1 is stored and becomes the head): a
+// key is busy while any attempt of it runs, and busy keys are not claimed.
+// Busy is a transaction-level advisory lock on the key's hash, taken by the
+// apply transaction before it locks its rows and released by its commit or
+// rollback (or the death of its session), and tested by the claim with
+// pg_try_advisory_xact_lock, the key-level analogue of SKIP LOCKED. Row
+// locks cannot say it: v1's row is not locked, v2's is. A lock table would
+// need a row per key and its cleanup; the advisory lock needs neither, and
+// works through PgBouncer in transaction mode. Consequences, by design:
 //   - a FAILED row blocks the rest of its key (applying them would break the
 //     order) until an operator replays it; inbox_failed and `inboxctl failed`
 //     (with its BLOCKED column) show it;
@@ -137,7 +148,8 @@ func (c *ProcessorConfig) defaults(in *Inbox) {
 //
 //	claim  (one autocommitted statement): pick due heads FOR UPDATE SKIP LOCKED,
 //	       attempts+1, next_attempt_at = now + max(ClaimHold, backoff); COMMIT
-//	apply  BEGIN; lock the claimed rows (only if attempts still matches);
+//	apply  BEGIN; lock the batch's keys (advisory); lock the claimed rows
+//	       (only if attempts still matches);
 //	       per row: SAVEPOINT, handler, RELEASE or ROLLBACK TO;
 //	       one UPDATE: DONE | PENDING with the next backoff | FAILED; COMMIT
 //
@@ -362,12 +374,27 @@ const backoffSQL = `clock_timestamp() + make_interval(secs =>
 	least(@retry_max::float8, @retry_base::float8 * power(2::float8, least(greatest(%s - 1, 0), 60)))
 	* (0.5 + random() / 2))`
 
+// keyLockSQL is the advisory lock key of the ordering key in the column
+// ordering_key: a 64-bit hash seeded by the consumer, so that two
+// consumers' keys do not share locks. A collision between two keys only
+// makes them wait for each other now and then; it never lets two rows of
+// one key run together.
+const keyLockSQL = "hashtextextended(ordering_key, hashtext(@consumer::text))"
+
+// lockKeysSQL takes the advisory locks of the keys @keys for the rest of
+// the transaction, in hash order.
+const lockKeysSQL = `SELECT pg_advisory_xact_lock(k) FROM (
+	SELECT DISTINCT ` + keyLockSQL + ` AS k FROM unnest(@keys::text[]) AS ordering_key ORDER BY 1) s`
+
 // claimSQL walks the heads from the cursor to the end (tail) and then from
 // the start up to the cursor (front), keeps the due PENDING ones (a FAILED
 // head, or one waiting for its backoff or its ReorderWindow, holds its key),
 // locks them with SKIP LOCKED and counts the attempt. The due condition is
 // repeated in "mine" so that a row another claim updated meanwhile is
-// re-checked on its new version. A head whose attempts are already
+// re-checked on its new version. A head whose key is busy (its advisory
+// lock is held: an apply transaction of that key is running) is skipped;
+// the CASE takes the lock only for heads that are otherwise due, and the
+// claim's own hold on it ends with the statement. A head whose attempts are already
 // exhausted was claimed by a processor that never finished: it turns FAILED
 // here instead of running again.
 var claimSQL = `WITH RECURSIVE ` +
@@ -375,7 +402,9 @@ var claimSQL = `WITH RECURSIVE ` +
 	` + fmt.Sprintf(walkSQL, "front", "i.ordering_key <= @after") + `,
 due AS (
 	SELECT message_id FROM (SELECT * FROM tail UNION ALL SELECT * FROM front) heads
-	 WHERE status = 'PENDING' AND next_attempt_at <= now() AND received_at <= now() - @reorder_window::interval
+	 WHERE CASE WHEN status = 'PENDING' AND next_attempt_at <= now() AND received_at <= now() - @reorder_window::interval
+	            THEN pg_try_advisory_xact_lock(` + keyLockSQL + `)
+	            ELSE false END
 	 LIMIT @limit),
 mine AS (
 	SELECT i.message_id FROM inbox i
@@ -435,6 +464,19 @@ func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
 		return fmt.Errorf("idempotent: inbox %s: begin: %w", p.in.consumer, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	// Mark the batch's keys busy for the whole attempt before touching a
+	// row: claims skip a key whose lock is held. A key claimed twice (a v1
+	// that arrived between another claim's commit and its apply reaching
+	// this point) waits here for the other attempt to end; locking in hash
+	// order keeps two such waits from deadlocking.
+	keys := make([]string, len(claimed))
+	for i, r := range claimed {
+		keys[i] = r.OrderingKey
+	}
+	if _, err := tx.Exec(ctx, lockKeysSQL, pgx.NamedArgs{"consumer": p.in.consumer, "keys": keys}); err != nil {
+		return fmt.Errorf("idempotent: inbox %s: lock keys: %w", p.in.consumer, err)
+	}
 
 	ids := make([]uuid.UUID, len(claimed))
 	attempts := make([]int32, len(claimed))
