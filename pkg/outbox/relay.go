@@ -49,6 +49,16 @@ type RelayConfig struct {
 	// row over [30s]. Keep it well above the slowest publish: a lease that
 	// runs out mid-publish only causes a duplicate send, never a loss.
 	Lease time.Duration
+	// PublishTimeout bounds one batch's publish [Lease/2]; it must be less
+	// than Lease. A message still unsent when it runs out counts as failed
+	// and is rescheduled by backoff, and the rest of the batch is marked,
+	// while the claim still holds: a publish allowed the whole lease would
+	// leave nothing to mark in, and the batch would be claimed and sent
+	// again at every lease expiry.
+	PublishTimeout time.Duration
+	// MarkTimeout bounds the statements that record a batch's outcome [5s],
+	// on a context of their own, so a slow publish cannot starve them.
+	MarkTimeout time.Duration
 	// RetryBase and RetryMax bound the per-row backoff after a failed send
 	// [1s, 5m]: next_attempt_at = now + min(RetryMax, RetryBase*2^(attempts-1)), jittered.
 	RetryBase, RetryMax time.Duration
@@ -78,6 +88,8 @@ func (c *RelayConfig) defaults() {
 	}
 	def(&c.PollInterval, 500*time.Millisecond)
 	def(&c.Lease, 30*time.Second)
+	def(&c.PublishTimeout, c.Lease/2)
+	def(&c.MarkTimeout, 5*time.Second)
 	def(&c.RetryBase, time.Second)
 	def(&c.RetryMax, 5*time.Minute)
 	def(&c.KeepPublished, 24*time.Hour)
@@ -105,6 +117,10 @@ type Relay struct {
 // NewRelay returns a relay that publishes the outbox of pool through pub.
 func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	cfg.defaults()
+	if cfg.PublishTimeout >= cfg.Lease {
+		return nil, fmt.Errorf("outbox: PublishTimeout %v must be less than Lease %v: the batch must be marked while its claim holds",
+			cfg.PublishTimeout, cfg.Lease)
+	}
 	r := &Relay{pool: pool, pub: pub, cfg: cfg, log: cfg.Logger}
 	mp := cfg.MeterProvider
 	if mp == nil {
@@ -210,9 +226,9 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	}
 	// Once claimed, finish the batch even if ctx is cancelled meanwhile:
 	// marking what was sent avoids re-sending it after a clean shutdown.
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Lease)
-	defer cancel()
-	failed, err := r.pub.PublishBatch(wctx, msgs)
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
+	failed, err := r.pub.PublishBatch(pctx, msgs)
+	cancel()
 	if err != nil {
 		failed = make(map[uuid.UUID]error, len(msgs))
 		for _, m := range msgs {
@@ -228,7 +244,10 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 			ok = append(ok, m.ID)
 		}
 	}
-	if err := r.mark(wctx, ok, failed); err != nil {
+	// A fresh context: the publish may have used up its own.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MarkTimeout)
+	defer cancel()
+	if err := r.mark(mctx, ok, failed); err != nil {
 		return len(msgs), err
 	}
 	return len(msgs), nil
@@ -283,16 +302,25 @@ func (r *Relay) claim(ctx context.Context) ([]Message, error) {
 
 // mark records the outcome of a batch: one UPDATE for all the published
 // rows, one for all the failed ones (each failure gets its own backoff from
-// its attempt count).
+// its attempt count). Each runs whatever became of the other: failed rows
+// left unscheduled would come back at the end of the lease with no backoff.
 func (r *Relay) mark(ctx context.Context, ok []uuid.UUID, failed map[uuid.UUID]error) error {
+	var errPublished error
 	if len(ok) > 0 {
 		tag, err := r.pool.Exec(ctx, `UPDATE outbox SET published_at = now(), claimed_until = NULL, last_error = NULL
 			WHERE id = ANY($1) AND published_at IS NULL`, ok)
 		if err != nil {
-			return fmt.Errorf("outbox: mark published: %w", err)
+			errPublished = fmt.Errorf("outbox: mark published: %w", err)
+		} else {
+			r.published.Add(ctx, tag.RowsAffected())
 		}
-		r.published.Add(ctx, tag.RowsAffected())
 	}
+	return errors.Join(errPublished, r.reschedule(ctx, failed))
+}
+
+// reschedule sets the failed rows' next attempt by backoff and releases
+// their claim.
+func (r *Relay) reschedule(ctx context.Context, failed map[uuid.UUID]error) error {
 	if len(failed) == 0 {
 		return nil
 	}

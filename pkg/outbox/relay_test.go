@@ -605,3 +605,88 @@ func TestListenReconnectsPromptly(t *testing.T) {
 		t.Fatalf("after reconnecting, the event was not published promptly: %v", got)
 	}
 }
+
+// hangingPublisher accepts every message but one, and hangs on that one
+// until its context ends, as one SendMessageBatch call of several can.
+type hangingPublisher struct {
+	hang     uuid.UUID
+	mu       sync.Mutex
+	accepted []uuid.UUID
+}
+
+func (p *hangingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (map[uuid.UUID]error, error) {
+	failed := map[uuid.UUID]error{}
+	for _, m := range msgs {
+		if m.ID == p.hang {
+			<-ctx.Done()
+			failed[m.ID] = ctx.Err()
+			continue
+		}
+		p.mu.Lock()
+		p.accepted = append(p.accepted, m.ID)
+		p.mu.Unlock()
+	}
+	return failed, nil
+}
+
+// A publish that runs until its deadline does not take the mark down with
+// it: the publish gets less than the lease, the rows the publisher accepted
+// are marked published on a context of their own, and the row that hung is
+// rescheduled by backoff, not left to be claimed and sent again on every
+// lease.
+func TestSlowPublishStillMarksTheAcceptedRowsAndBacksOffTheRest(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	a, b, slow := newEvent(t, 1), newEvent(t, 2), newEvent(t, 3)
+	addCommitted(t, ctx, pool, a, b, slow)
+	pub := &hangingPublisher{hang: slow.EventID}
+	relay := newRelay(t, pool, pub, outbox.RelayConfig{Lease: time.Second, RetryBase: 10 * time.Second})
+	if n, err := relay.RelayOnce(ctx); n != 3 || err != nil {
+		t.Fatalf("RelayOnce: %d, %v; want 3 claimed and no error", n, err)
+	}
+	if len(pub.accepted) != 2 {
+		t.Fatalf("publisher accepted %d, want 2", len(pub.accepted))
+	}
+	for _, id := range []uuid.UUID{a.EventID, b.EventID} {
+		if s := state(t, pool, id); !s.Published {
+			t.Errorf("accepted row %s: %+v, want published", id, s)
+		}
+	}
+	s := state(t, pool, slow.EventID)
+	if s.Published || s.Claimed || s.LastError == nil || s.DueIn <= time.Second {
+		t.Fatalf("the row that hung: %+v; want unpublished, unclaimed, with its error, due after its backoff", s)
+	}
+	// Nothing is due: the next claim sends nothing again.
+	if n, err := relay.RelayOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("second RelayOnce: %d, %v; want nothing claimed", n, err)
+	}
+	if _, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Lease: time.Second, PublishTimeout: time.Second}); err == nil {
+		t.Fatal("NewRelay accepted a PublishTimeout as long as the lease")
+	}
+}
+
+// The failed rows of a batch are rescheduled even when marking its
+// published rows fails: otherwise they would come back at the end of the
+// lease with no backoff, again and again.
+func TestFailedRowsAreRescheduledEvenWhenMarkingPublishedOnesFails(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	good, bad := newEvent(t, 1), newEvent(t, 2)
+	addCommitted(t, ctx, pool, good, bad)
+	if _, err := pool.Exec(ctx, `
+		CREATE FUNCTION refuse_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'mark refused'; END $$;
+		CREATE TRIGGER refuse_mark BEFORE UPDATE OF published_at ON outbox FOR EACH ROW
+			WHEN (NEW.published_at IS NOT NULL) EXECUTE FUNCTION refuse_mark();`); err != nil {
+		t.Fatal(err)
+	}
+	_, _, sqsPub := queue(t)
+	pub := &flakyPublisher{next: sqsPub, failIDs: map[uuid.UUID]int{bad.EventID: 1}}
+	relay := newRelay(t, pool, pub, outbox.RelayConfig{RetryBase: 10 * time.Second})
+	if _, err := relay.RelayOnce(ctx); err == nil || !strings.Contains(err.Error(), "mark published") {
+		t.Fatalf("RelayOnce: %v; want the mark's error", err)
+	}
+	if s := state(t, pool, bad.EventID); s.Published || s.Claimed || s.LastError == nil || s.DueIn <= time.Second {
+		t.Fatalf("the failed row: %+v; want rescheduled by backoff", s)
+	}
+}
