@@ -2,6 +2,7 @@ package sqstransport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -36,8 +37,13 @@ func NewPublisher(client *sqs.Client, queueURL string, inFlight int) *Publisher 
 	return &Publisher{client: client, queueURL: queueURL, inFlight: inFlight}
 }
 
+// errNotInResponse is the failure of an entry that a SendMessageBatch
+// response lists neither as succeeded nor as failed.
+var errNotInResponse = errors.New("sqs: the SendMessageBatch response did not list the message as sent")
+
 // PublishBatch sends msgs in SQS batches and reports each message that SQS
-// did not accept. A call that fails as a whole fails all of its entries.
+// did not accept. A call that fails as a whole fails all of its entries, and
+// an entry missing from the response's Successful list counts as failed.
 func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (map[uuid.UUID]error, error) {
 	var (
 		mu     sync.Mutex
@@ -69,12 +75,24 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (ma
 				}
 				return
 			}
+			// Only an entry listed as Successful counts as sent: one the
+			// response lists nowhere is unknown, and resending it risks a
+			// duplicate where trusting it risks a loss.
+			unknown := make(map[string]uuid.UUID, len(chunk))
+			for _, m := range chunk {
+				unknown[m.ID.String()] = m.ID
+			}
+			for _, s := range out.Successful {
+				delete(unknown, aws.ToString(s.Id))
+			}
 			for _, f := range out.Failed {
-				id, perr := uuid.Parse(aws.ToString(f.Id))
-				if perr != nil {
-					continue
+				if id, ok := unknown[aws.ToString(f.Id)]; ok {
+					delete(unknown, aws.ToString(f.Id))
+					fail(id, fmt.Errorf("sqs rejected the message: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message)))
 				}
-				fail(id, fmt.Errorf("sqs rejected the message: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message)))
+			}
+			for _, id := range unknown {
+				fail(id, errNotInResponse)
 			}
 		})
 	}
