@@ -3,6 +3,7 @@ package sender_test
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -452,4 +453,59 @@ func TestLogsMaskTheRecipientsPhoneNumber(t *testing.T) {
 	if strings.Contains(out, "919800000017") {
 		t.Errorf("the full phone number is in the logs:\n%s", out)
 	}
+}
+
+// acceptThenFail is a provider front that passes each send to the dev
+// provider (which stores and delivers it) and then answers 500 anyway, as a
+// provider that fails after accepting does; lookups pass through.
+func (e *env) acceptThenFail() *sms.HTTPProvider {
+	e.t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/messages" {
+			e.provider.ServeHTTP(httptest.NewRecorder(), r)
+			http.Error(w, "internal error", http.StatusInternalServerError)
+			return
+		}
+		e.provider.ServeHTTP(w, r)
+	}))
+	e.t.Cleanup(srv.Close)
+	return sms.NewHTTPProvider(srv.URL, 200*time.Millisecond)
+}
+
+// A 5xx does not say the message was not accepted: it is an unknown outcome,
+// resolved like a timeout. With lookup the accepted message is found and the
+// row SENT without a second send; without lookup the kind's policy decides,
+// and policy skip fails the row rather than risk a second delivery.
+func TestProvider5xxIsAnUnknownOutcome(t *testing.T) {
+	t.Run("lookup finds it", func(t *testing.T) {
+		e := setup(t)
+		ev := e.intent()
+		s := e.sender(e.acceptThenFail(), fast())
+		if _, err := s.SendOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		d, _ := e.delivery("sms:" + ev.EventID.String())
+		if r := e.row(ev); r.Status != "SENT" || deref(r.MessageID) != d.MessageID || d.Requests != 1 {
+			t.Errorf("row = %+v, delivery %+v; want SENT via lookup after one request", r, d)
+		}
+	})
+	t.Run("no lookup, policy skip", func(t *testing.T) {
+		e := setup(t)
+		ev := e.intent()
+		cfg := fast()
+		cfg.Policies = map[string]sender.Policy{intent.KindCashback: sender.PolicySkip}
+		s := e.sender(sms.WithoutLookup(e.acceptThenFail()), cfg)
+		for range 3 {
+			if _, err := s.SendOnce(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(cfg.RetryMax)
+		}
+		if r := e.row(ev); r.Status != "FAILED" || deref(r.Reason) != sender.ReasonUnknownOutcome {
+			t.Errorf("row = %+v; want FAILED %q", r, sender.ReasonUnknownOutcome)
+		}
+		if n := e.provider.Requests("sms:" + ev.EventID.String()); n != 1 {
+			t.Errorf("provider saw %d send requests, want 1", n)
+		}
+	})
 }

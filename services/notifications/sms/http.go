@@ -89,9 +89,16 @@ func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 			return Receipt{}, &Error{Unknown, fmt.Errorf("accepted with an unreadable answer %q", truncate(raw))}
 		}
 		return Receipt{MessageID: mr.MessageID}, nil
-	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusConflict || resp.StatusCode >= 500:
-		// 409: the same key is still being processed; 429/5xx: not accepted.
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusConflict:
+		// 409: the same key is still being processed; 429: refused before
+		// any work. Neither accepted it.
 		return Receipt{}, &Error{Retryable, fmt.Errorf("%s: %s", resp.Status, truncate(raw))}
+	case resp.StatusCode >= 500:
+		// A server error says nothing of what happened before it: the
+		// provider may have accepted the message and then failed. Like a
+		// timeout, the outcome is unknown: looked up where the provider can
+		// be asked, left to the kind's resend/skip policy where it cannot.
+		return Receipt{}, &Error{Unknown, fmt.Errorf("%s: %s", resp.Status, truncate(raw))}
 	default:
 		return Receipt{}, &Error{Rejected, fmt.Errorf("%s: %s", resp.Status, truncate(raw))}
 	}

@@ -49,14 +49,14 @@ type Looker interface {
 type Class int
 
 const (
-	// Retryable: the provider did not accept it (5xx, 429, connection
+	// Retryable: the provider did not accept it (429, 409, connection
 	// refused). Sending again later, with the same key, is safe.
 	Retryable Class = iota
 	// Rejected: the provider refused it for good (invalid number, bad
 	// request). Sending again would fail the same way.
 	Rejected
 	// Unknown: the request may have been accepted (timeout, connection
-	// lost after the request was written). Reconcile before resending.
+	// lost after the request was written, a 5xx). Reconcile before resending.
 	Unknown
 )
 

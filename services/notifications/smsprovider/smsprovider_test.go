@@ -172,8 +172,9 @@ func TestLookup(t *testing.T) {
 	}
 }
 
-// fail_next N: N requests fail (503, retryable) without delivering; then it
-// delivers. A 4xx fail_status is a rejection.
+// fail_next N: N requests fail (503) without delivering; then it delivers.
+// The client cannot tell a 5xx from a failure after accepting, so it is an
+// unknown outcome; 429 is retryable and another 4xx fail_status a rejection.
 func TestFailNext(t *testing.T) {
 	_, srv := start(t)
 	c := sms.NewHTTPProvider(srv.URL, time.Second)
@@ -181,8 +182,8 @@ func TestFailNext(t *testing.T) {
 	m := sms.Message{IdempotencyKey: "sms:a", To: "u_17", Body: "hi"}
 	control(t, srv.URL, `{"fail_next":2}`)
 	for i := range 2 {
-		if _, err := c.Send(ctx, m); sms.Classify(err) != sms.Retryable {
-			t.Errorf("request %d: %v, want a retryable error", i+1, err)
+		if _, err := c.Send(ctx, m); sms.Classify(err) != sms.Unknown {
+			t.Errorf("request %d: %v, want an unknown outcome", i+1, err)
 		}
 	}
 	if _, err := c.Send(ctx, m); err != nil {
@@ -191,6 +192,10 @@ func TestFailNext(t *testing.T) {
 	d := deliveries(t, srv.URL)
 	if d.Total != 1 || d.Deliveries[0].Requests != 3 {
 		t.Errorf("deliveries = %+v; want one delivery after 3 requests", d)
+	}
+	control(t, srv.URL, `{"fail_next":1,"fail_status":429}`)
+	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:c", To: "u_17", Body: "hi"}); sms.Classify(err) != sms.Retryable {
+		t.Errorf("fail_status 429: %v, want a retryable error", err)
 	}
 	control(t, srv.URL, `{"fail_next":1,"fail_status":400}`)
 	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:b", To: "u_17", Body: "hi"}); sms.Classify(err) != sms.Rejected {
