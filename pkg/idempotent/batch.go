@@ -38,6 +38,10 @@ func (c *Consumer) HandleBatch(ctx context.Context, items []Item) ([]Outcome, []
 			outs[i], errs[i] = Expired, ErrExpired
 			continue
 		}
+		if err := c.ahead(it.Msg); err != nil {
+			outs[i], errs[i] = Failed, err
+			continue
+		}
 		live = append(live, i)
 	}
 	if len(live) > 0 {

@@ -21,7 +21,10 @@
 //   - a copy whose payload differs from the committed one is a Conflict, not
 //     a Duplicate, and is reported;
 //   - a copy older than the window is Expired and refused, since its key may
-//     have been forgotten.
+//     have been forgotten;
+//   - a copy whose id was minted more than MaxFutureSkew ahead of the
+//     consumer's clock is refused at once with a permanent error (ErrAhead)
+//     naming the skew, so the transport parks it with that reason.
 //
 // The key is the envelope's event_id, never the SQS MessageId, which changes
 // on every redrive. The package also holds the inbox (store first, process
@@ -32,6 +35,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -135,9 +139,25 @@ func (c *Consumer) Handle(ctx context.Context, msg Message, effect Effect) (Outc
 	return out, err
 }
 
+// ahead refuses an id minted more than MaxFutureSkew after c's clock, with
+// a permanent error that says by how much.
+func (c *Consumer) ahead(msg Message) error {
+	if msg.ID.Version() != 7 {
+		return nil
+	}
+	if skew := events.IDTime(msg.ID).Sub(c.now()); skew > MaxFutureSkew {
+		return fmt.Errorf("%w: event id %s was minted %v ahead of this consumer's clock, more than the %v tolerated "+
+			"(is the producer's clock ahead?)", ErrAhead, msg.ID, skew.Round(time.Second), MaxFutureSkew)
+	}
+	return nil
+}
+
 func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outcome, error) {
 	if c.expired(msg) {
 		return Expired, ErrExpired
+	}
+	if err := c.ahead(msg); err != nil {
+		return Failed, err
 	}
 	return c.retry(ctx, func() (Outcome, error) {
 		tx, err := c.pool.Begin(ctx)
@@ -214,6 +234,11 @@ func (c *Consumer) record(ctx context.Context, msg Message, out Outcome, err err
 		c.log.ErrorContext(ctx, "message older than the dedupe window: refused, not applied",
 			"consumer", c.name, "event_id", msg.ID, "occurred_at", msg.OccurredAt, "retention", c.retention)
 	case Failed:
+		if errors.Is(err, ErrAhead) {
+			c.log.ErrorContext(ctx, "event id from the future: refused, not applied, to be parked",
+				"consumer", c.name, "event_id", msg.ID, "error", err)
+			return
+		}
 		var p interface{ Permanent() bool }
 		if errors.As(err, &p) && p.Permanent() {
 			c.log.ErrorContext(ctx, "effect refused the message permanently: rolled back, to be parked",

@@ -3,10 +3,12 @@ package idempotent_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -340,5 +342,44 @@ func TestBatchWithoutFailuresIsOneTransaction(t *testing.T) {
 	}
 	if n := count(t, pool, `SELECT count(DISTINCT xmin::text) FROM credits`); n != 1 {
 		t.Fatalf("credits written by %d transactions, want 1", n)
+	}
+}
+
+// idAt is a UUIDv7 minted at t, as a producer whose clock reads t mints it.
+func idAt(t time.Time) uuid.UUID {
+	id := uuid.Must(uuid.NewV7())
+	ms := uint64(t.UnixMilli())
+	for i := range 6 {
+		id[i] = byte(ms >> (40 - 8*i))
+	}
+	return id
+}
+
+// An event id minted more than MaxFutureSkew ahead of the consumer's clock
+// (a producer whose clock runs days ahead) is refused at once, permanently,
+// with a reason that names the skew, and nothing is written; it is not a
+// transient error that loops until the queue's redrive drops it in the DLQ
+// with no reason. An id within the skew is applied as usual.
+func TestEventIDFarInTheFutureIsRefusedPermanently(t *testing.T) {
+	pool := setup(t)
+	c := newConsumer(t, pool)
+	ctx := context.Background()
+	ahead := newEvent(t, 2400)
+	ahead.EventID = idAt(time.Now().Add(idempotent.MaxFutureSkew + 24*time.Hour))
+	out, err := c.Handle(ctx, idempotent.MessageOf(ahead), credit(ahead, 2400))
+	if out != idempotent.Failed || !idempotent.IsPermanent(err) || err == nil || !strings.Contains(err.Error(), "ahead") {
+		t.Fatalf("id 4 days ahead: %v %v; want Failed with a permanent error naming the skew", out, err)
+	}
+	outs, errs := c.HandleBatch(ctx, []idempotent.Item{{Msg: idempotent.MessageOf(ahead), Effect: credit(ahead, 2400)}})
+	if outs[0] != idempotent.Failed || !idempotent.IsPermanent(errs[0]) {
+		t.Fatalf("HandleBatch, id 4 days ahead: %v %v; want Failed, permanent", outs[0], errs[0])
+	}
+	if n := count(t, pool, `SELECT count(*) FROM credits`) + count(t, pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+		t.Fatalf("rows written for a refused copy: %d", n)
+	}
+	near := newEvent(t, 100)
+	near.EventID = idAt(time.Now().Add(idempotent.MaxFutureSkew - time.Hour))
+	if out, err := c.Handle(ctx, idempotent.MessageOf(near), credit(near, 100)); out != idempotent.Applied || err != nil {
+		t.Fatalf("id within the skew: %v %v; want applied", out, err)
 	}
 }

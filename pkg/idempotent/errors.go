@@ -60,6 +60,9 @@ var (
 	ErrConflict error = &permanentError{"idempotent: event id reused with a different payload"}
 	// ErrExpired: older than the dedupe window. See Expired.
 	ErrExpired error = &permanentError{"idempotent: message older than the dedupe window refused"}
+	// ErrAhead: the event id was minted more than MaxFutureSkew ahead of
+	// the consumer's clock. The returned error wraps it with the skew.
+	ErrAhead error = &permanentError{"idempotent: event id from the future refused"}
 )
 
 // retryable reports PostgreSQL errors after which the same transaction,

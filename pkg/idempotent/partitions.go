@@ -27,6 +27,13 @@ const DefaultPartitionsAhead = 3
 
 const day = 24 * time.Hour
 
+// MaxFutureSkew is how far ahead of a consumer's clock an event id may have
+// been minted: the partitions that exist ahead of today. A Consumer refuses
+// an id beyond it at once, as a permanent error naming the skew (its dedupe
+// row would have no partition to go to, and retrying cannot change that
+// until days have passed).
+const MaxFutureSkew = DefaultPartitionsAhead * day
+
 // ValidateRetention checks that a dedupe window outlasts the longest time a
 // queue can hand a message back (its MessageRetentionPeriod) plus a margin of
 // one day. A window shorter than that would let a late redelivery be applied
