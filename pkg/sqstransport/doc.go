@@ -16,6 +16,9 @@
 //     permanent (a Permanent() bool method returning true), parks the message
 //     in the queue's DLQ at once, with the reason as a message attribute:
 //     never acked silently, never retried in vain;
+//   - a handler that panics fails its message like an error (the panic is
+//     logged with its stack and the subscriber carries on); a message that
+//     still panics on its MaxPanics-th receive is parked with reason panic;
 //   - while a handler runs, the message's visibility is extended, so a slow
 //     handler is not raced by a second copy (unless it hangs past
 //     MaxExtension: then a second copy runs, and the dedupe key decides);

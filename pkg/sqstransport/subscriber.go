@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,7 +71,12 @@ type SubscriberConfig struct {
 	// ShutdownGrace bounds how long in-flight handlers may run after the
 	// context is cancelled [30s].
 	ShutdownGrace time.Duration
-	Logger        *slog.Logger
+	// MaxPanics: a handler panic fails its message like an error, and a
+	// message whose handler panics on its MaxPanics-th receive or later is
+	// parked with reason "panic" [3]. Keep it below the queue's
+	// maxReceiveCount, or SQS's redrive parks it first, with no reason.
+	MaxPanics int
+	Logger    *slog.Logger
 }
 
 func (c *SubscriberConfig) defaults() {
@@ -97,6 +103,9 @@ func (c *SubscriberConfig) defaults() {
 	def(&c.RetryBase, time.Second)
 	def(&c.RetryMax, time.Minute)
 	def(&c.ShutdownGrace, 30*time.Second)
+	if c.MaxPanics <= 0 {
+		c.MaxPanics = 3
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -270,7 +279,7 @@ func (s *Subscriber) process(ctx context.Context, m types.Message) {
 
 	stopHeartbeat := s.heartbeat(ctx, m.ReceiptHandle, log)
 	t0 := time.Now()
-	err = s.handler(ctx, d)
+	panicked, err := s.call(ctx, d, log)
 	stopHeartbeat()
 	result := "ok"
 	if err != nil {
@@ -286,6 +295,10 @@ func (s *Subscriber) process(ctx context.Context, m types.Message) {
 			return
 		}
 		s.deletes <- aws.ToString(m.ReceiptHandle)
+	case panicked && d.ReceiveCount >= s.cfg.MaxPanics:
+		span.RecordError(err)
+		log.Error("handler panicked again: parking the message", "receive_count", d.ReceiveCount, "error", err)
+		s.park(ctx, m, d, "panic", err)
 	case IsPermanent(err):
 		log.Error("handler refused the message permanently: parking it", "error", err)
 		s.park(ctx, m, d, "refused", err)
@@ -296,6 +309,18 @@ func (s *Subscriber) process(ctx context.Context, m types.Message) {
 		log.Warn("handler failed: message left for redelivery", "error", err, "retry_in", delay)
 		s.setVisibility(ctx, m.ReceiptHandle, delay, log)
 	}
+}
+
+// call runs the handler and turns a panic into an error (panicked set),
+// logged with its stack: one bad message must not stop the subscriber.
+func (s *Subscriber) call(ctx context.Context, d Delivery, log *slog.Logger) (panicked bool, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			panicked, err = true, fmt.Errorf("%v", v)
+			log.Error("handler panicked: the message fails like a handler error", "panic", err, "stack", string(debug.Stack()))
+		}
+	}()
+	return false, s.handler(ctx, d)
 }
 
 func backoffFor(receives int, base, max time.Duration) time.Duration {

@@ -642,3 +642,72 @@ func TestOutOfRangeTimingsAreClamped(t *testing.T) {
 		}
 	})
 }
+
+// dlqReasons long-polls dlq for up to timeout until want messages arrived
+// and returns their park_reason attributes by body.
+func dlqReasons(t testing.TB, c *sqs.Client, dlq string, want int, timeout time.Duration) map[string]string {
+	t.Helper()
+	got := map[string]string{}
+	for deadline := time.Now().Add(timeout); len(got) < want && time.Now().Before(deadline); {
+		out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(dlq),
+			MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range out.Messages {
+			got[aws.ToString(m.Body)] = aws.ToString(m.MessageAttributes["park_reason"].StringValue)
+		}
+	}
+	return got
+}
+
+// A handler that panics does not take the subscriber down: the panic is
+// recovered and fails the message like an error (redelivered after a
+// backoff), it is logged with its stack, the queue keeps flowing, and a
+// message that keeps panicking is parked with reason "panic" on its
+// MaxPanics-th receive, before SQS's own redrive would drop it in the DLQ
+// without one.
+func TestPanickingHandlerIsRecoveredAndRepeatedPanicsPark(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, dlq := testenv.Queue(t, c, 5, 30*time.Second)
+	bad, good := newEvent(t, 1), newEvent(t, 2)
+	var badCalls atomic.Int64
+	rec := &recorder{then: func(d sqstransport.Delivery, _ int) error {
+		if d.Envelope.EventID == bad.EventID {
+			badCalls.Add(1)
+			panic("nil map in the cashback rule")
+		}
+		return nil
+	}}
+	logs := &testenv.Buffer{}
+	cfg := testConfig(q)
+	cfg.RetryMax = time.Second
+	cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	start(t, c, cfg, rec.handle)
+	send(t, c, q, bad)
+	send(t, c, q, good)
+
+	body, _ := bad.Marshal()
+	reasons := dlqReasons(t, c, dlq, 1, 20*time.Second)
+	if r, ok := reasons[string(body)]; !ok || !strings.HasPrefix(r, "panic: ") || !strings.Contains(r, "nil map in the cashback rule") {
+		t.Fatalf("DLQ park reasons %v; want the panicking message with reason \"panic: ...\"", reasons)
+	}
+	waitEmpty(t, c, q, 5*time.Second)
+	if n := badCalls.Load(); n != 3 {
+		t.Errorf("the panicking handler ran %d times, want 3 (MaxPanics)", n)
+	}
+	delivered := false
+	for _, d := range rec.deliveries() {
+		delivered = delivered || d.Envelope.EventID == good.EventID
+	}
+	if !delivered {
+		t.Error("the message behind the panicking one was never handled")
+	}
+	if n := counter(t, "sqs_messages_parked_total", queueName(q), "panic"); n != 1 {
+		t.Errorf("sqs_messages_parked_total{reason=panic} = %d, want 1", n)
+	}
+	if l := logs.String(); !strings.Contains(l, "handler panicked") || !strings.Contains(l, "subscriber_test.go") {
+		t.Errorf("the panic was not logged with its stack:\n%s", l)
+	}
+}
