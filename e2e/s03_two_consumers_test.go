@@ -8,18 +8,19 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/events"
 )
 
-// Scenario 3. A handler outlives its message's visibility timeout (2 s, no
-// more extensions after 1 s): SQS hands the same message to a second
-// replica while the first is still inside its transaction. The second
-// replica's dedupe INSERT waits on the first one's uncommitted key, then
-// inserts 0 rows: exactly one credit, one applied, one duplicate.
+// Scenario 3. A second copy of a message reaches a second replica while the
+// first is still inside its transaction (a relay resend; a copy made
+// visible again by its visibility timeout cannot, since a handler's
+// deadline is below that timeout). The second replica's dedupe INSERT waits
+// on the first one's uncommitted key, then inserts 0 rows: exactly one
+// credit, one applied, one duplicate.
 func TestSecondReplicaGetsTheMessageWhileTheFirstStillHoldsItAndOnlyOneCredits(t *testing.T) {
 	l := local(t)
 	user, payID := id("u_e2e3"), id("pay_e2e3")
 	e := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
 	knobs := []string{"REWARDS_SLOW_EVENT_IDS=" + e.EventID.String() + "@10s",
-		"SUBSCRIBER_VISIBILITY=2s", "SUBSCRIBER_MAX_EXTENSION=1s",
-		"CONSUMER_CONCURRENCY=1"} // a busy replica cannot take the copy back itself
+		"SUBSCRIBER_VISIBILITY=30s", // a handler deadline of 24 s, above the 10 s hold
+		"CONSUMER_CONCURRENCY=1"}    // a busy replica cannot take the copy itself
 	restartWith(t, "rewards", knobs...)
 
 	send(t, s.payQ, e)
@@ -30,6 +31,7 @@ func TestSecondReplicaGetsTheMessageWhileTheFirstStillHoldsItAndOnlyOneCredits(t
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.Stop("rewards-2") })
+	send(t, s.payQ, e) // the second copy, same body and event_id
 	// Replica 2 received the copy and is blocked on the same dedupe key.
 	eventually(t, 20*time.Second, func() (bool, string) {
 		n := count(t, s.rewDB, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()

@@ -14,7 +14,8 @@ import (
 //
 // to get SUBSCRIBER_WAIT_TIME, SUBSCRIBER_MAX_MESSAGES,
 // SUBSCRIBER_VISIBILITY, SUBSCRIBER_MAX_EXTENSION, SUBSCRIBER_RETRY_BASE,
-// SUBSCRIBER_RETRY_MAX and SUBSCRIBER_SHUTDOWN_GRACE. Unset (zero) means the
+// SUBSCRIBER_RETRY_MAX, SUBSCRIBER_SHUTDOWN_GRACE and SUBSCRIBER_HANDLER_TIMEOUT
+// (each handler's deadline, below the visibility timeout). Unset (zero) means the
 // library default; the e2e suite shortens them to make redeliveries,
 // visibility expiry and dead-lettering happen in seconds.
 type SubscriberEnv struct {
@@ -25,6 +26,8 @@ type SubscriberEnv struct {
 	RetryBase     time.Duration `env:"RETRY_BASE"`
 	RetryMax      time.Duration `env:"RETRY_MAX"`
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE"`
+	// HandlerTimeout: SUBSCRIBER_HANDLER_TIMEOUT, below SUBSCRIBER_VISIBILITY.
+	HandlerTimeout time.Duration `env:"HANDLER_TIMEOUT"`
 }
 
 // Apply copies the variables that are set into the fields of c that are
@@ -37,6 +40,7 @@ func (e SubscriberEnv) Apply(c *sqstransport.SubscriberConfig) {
 	fill(&c.RetryBase, e.RetryBase)
 	fill(&c.RetryMax, e.RetryMax)
 	fill(&c.ShutdownGrace, e.ShutdownGrace)
+	fill(&c.HandlerTimeout, e.HandlerTimeout)
 }
 
 // RelayEnv is the environment tuning of an outbox.Relay, embedded with

@@ -19,6 +19,9 @@
 //   - a handler that panics fails its message like an error (the panic is
 //     logged with its stack and the subscriber carries on); a message that
 //     still panics on its MaxPanics-th receive is parked with reason panic;
+//   - each handler has a deadline below the visibility timeout
+//     (HandlerTimeout): past it its context is cancelled, its transaction
+//     rolls back and the message is left for redelivery, counted;
 //   - while a handler runs, the message's visibility is extended, so a slow
 //     handler is not raced by a second copy (unless it hangs past
 //     MaxExtension: then a second copy runs, and the dedupe key decides);

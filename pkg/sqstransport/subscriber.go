@@ -62,8 +62,18 @@ type SubscriberConfig struct {
 	MaxMessages int
 	// Visibility is the visibility timeout the subscriber keeps renewing
 	// while a handler runs [30s, at least 1s]. MaxExtension caps the renewals [15m], so a
-	// hung handler eventually lets another replica try.
+	// hung handler eventually lets another replica try. HandlerTimeout
+	// stops handlers that honour their context first; the renewals cover
+	// one that ignores it.
 	Visibility, MaxExtension time.Duration
+	// HandlerTimeout is each handler's deadline [Visibility*4/5]; it must be
+	// less than Visibility. A handler past it has its context cancelled,
+	// which rolls back its transaction and releases the dedupe key it holds
+	// locked; the message is left for redelivery and the timeout counted
+	// (sqs_handler_timeouts_total). Without it a hung effect keeps its key
+	// locked and every later copy of the event waits behind it, each holding
+	// a pool connection, until the pool is empty and the consumer stops.
+	HandlerTimeout time.Duration
 	// RetryBase and RetryMax space out redeliveries after a handler error:
 	// the message becomes visible again after min(RetryMax,
 	// RetryBase*2^(receives-1)) [1s, 1m].
@@ -99,6 +109,7 @@ func (c *SubscriberConfig) defaults() {
 	// every message would be visible again as soon as it is received.
 	c.WaitTime = min(max(c.WaitTime, time.Second), 20*time.Second)
 	c.Visibility = min(max(c.Visibility, time.Second), 12*time.Hour)
+	def(&c.HandlerTimeout, c.Visibility*4/5)
 	def(&c.MaxExtension, 15*time.Minute)
 	def(&c.RetryBase, time.Second)
 	def(&c.RetryMax, time.Minute)
@@ -120,9 +131,9 @@ type Subscriber struct {
 	log     *slog.Logger
 	deletes chan string
 
-	received, deleted, parked, failed metric.Int64Counter
-	duration                          metric.Float64Histogram
-	attrQueue                         attribute.KeyValue
+	received, deleted, parked, failed, timeouts metric.Int64Counter
+	duration                                    metric.Float64Histogram
+	attrQueue                                   attribute.KeyValue
 }
 
 // NewSubscriber returns a Subscriber that calls handler for each message.
@@ -131,6 +142,9 @@ func NewSubscriber(client *sqs.Client, cfg SubscriberConfig, handler Handler) (*
 		return nil, errors.New("sqstransport: QueueURL is empty")
 	}
 	cfg.defaults()
+	if cfg.HandlerTimeout >= cfg.Visibility {
+		return nil, fmt.Errorf("sqstransport: HandlerTimeout %v must be less than Visibility %v", cfg.HandlerTimeout, cfg.Visibility)
+	}
 	s := &Subscriber{client: client, cfg: cfg, handler: handler, log: cfg.Logger.With("queue", queueName(cfg.QueueURL)),
 		attrQueue: attribute.String("queue", queueName(cfg.QueueURL))}
 	m := otel.Meter("github.com/effectively-once/payments-cashback/pkg/sqstransport")
@@ -143,6 +157,7 @@ func NewSubscriber(client *sqs.Client, cfg SubscriberConfig, handler Handler) (*
 		{&s.deleted, "sqs_messages_deleted_total", "Messages deleted after their handler committed."},
 		{&s.parked, "sqs_messages_parked_total", "Poison messages parked in the DLQ, by reason; alert when it rises."},
 		{&s.failed, "sqs_handler_errors_total", "Handler errors; the message is left for redelivery."},
+		{&s.timeouts, "sqs_handler_timeouts_total", "Handlers cut at HandlerTimeout and rolled back; the message is left for redelivery."},
 	} {
 		if *c.dst, err = m.Int64Counter(c.name, metric.WithDescription(c.desc)); err != nil {
 			return nil, err
@@ -279,14 +294,19 @@ func (s *Subscriber) process(ctx context.Context, m types.Message) {
 
 	stopHeartbeat := s.heartbeat(ctx, m.ReceiptHandle, log)
 	t0 := time.Now()
-	panicked, err := s.call(ctx, d, log)
+	hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
+	panicked, err := s.call(hctx, d, log)
+	timedOut := err != nil && errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+	cancel()
 	stopHeartbeat()
 	result := "ok"
-	if err != nil {
+	switch {
+	case timedOut:
+		result = "timeout"
+	case err != nil && IsPermanent(err):
+		result = "refused"
+	case err != nil:
 		result = "failed"
-		if IsPermanent(err) {
-			result = "refused"
-		}
 	}
 	s.duration.Record(ctx, time.Since(t0).Seconds(), metric.WithAttributes(s.attrQueue, attribute.String("result", result)))
 	switch {
@@ -295,6 +315,15 @@ func (s *Subscriber) process(ctx context.Context, m types.Message) {
 			return
 		}
 		s.deletes <- aws.ToString(m.ReceiptHandle)
+	case timedOut:
+		// Whatever it says, the handler did not finish in time: its
+		// transaction is rolled back, so the message must come back.
+		s.timeouts.Add(ctx, 1, metric.WithAttributes(s.attrQueue))
+		span.RecordError(err)
+		delay := backoffFor(d.ReceiveCount, s.cfg.RetryBase, s.cfg.RetryMax)
+		log.Warn("handler passed its deadline: rolled back, message left for redelivery",
+			"handler_timeout", s.cfg.HandlerTimeout, "error", err, "retry_in", delay)
+		s.setVisibility(ctx, m.ReceiptHandle, delay, log)
 	case panicked && d.ReceiveCount >= s.cfg.MaxPanics:
 		span.RecordError(err)
 		log.Error("handler panicked again: parking the message", "receive_count", d.ReceiveCount, "error", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -23,6 +24,7 @@ import (
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/idempotent"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 )
 
@@ -709,5 +711,72 @@ func TestPanickingHandlerIsRecoveredAndRepeatedPanicsPark(t *testing.T) {
 	}
 	if l := logs.String(); !strings.Contains(l, "handler panicked") || !strings.Contains(l, "subscriber_test.go") {
 		t.Errorf("the panic was not logged with its stack:\n%s", l)
+	}
+}
+
+// A hung handler is cut at its deadline (HandlerTimeout, by default below
+// the visibility timeout): its transaction rolls back, releasing the dedupe
+// key it held locked, the message is left for redelivery and the timeout is
+// counted. The redelivery applies the event once; without the deadline the
+// hung effect would hold the key (and a pool connection) until the
+// visibility extensions ran out, 15 minutes later.
+func TestHungHandlerIsCutAtItsDeadlineRolledBackAndRedelivered(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, _ := testenv.Queue(t, c, 5, 30*time.Second)
+	pool := testenv.DB(t)
+	ctx := context.Background()
+	if err := idempotent.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (event_id uuid NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := idempotent.NewConsumer(pool, "rewards")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	var firstRan atomic.Int64 // nanoseconds the hung call lasted
+	h := func(ctx context.Context, d sqstransport.Delivery) error {
+		n := calls.Add(1)
+		t0 := time.Now()
+		_, err := cons.Handle(ctx, idempotent.MessageOf(d.Envelope), func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, d.Envelope.EventID); err != nil {
+				return err
+			}
+			if n == 1 {
+				<-ctx.Done() // an external call that never answers, the dedupe row locked
+				firstRan.Store(int64(time.Since(t0)))
+				return ctx.Err()
+			}
+			return nil
+		})
+		return err
+	}
+	cfg := testConfig(q) // Visibility 5s: the default deadline is 4s
+	start(t, c, cfg, h)
+	e := newEvent(t, 1)
+	send(t, c, q, e)
+	waitFor(t, 20*time.Second, "the redelivery to apply the event", func() bool {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	waitEmpty(t, c, q, 10*time.Second)
+	if n := calls.Load(); n != 2 {
+		t.Errorf("handler ran %d times, want 2 (the hung call, then the redelivery)", n)
+	}
+	if d := time.Duration(firstRan.Load()); d < 3500*time.Millisecond || d >= cfg.Visibility {
+		t.Errorf("the hung call was cut after %v, want about 4s (below the 5s visibility timeout)", d)
+	}
+	if n := counter(t, "sqs_handler_timeouts_total", queueName(q), ""); n != 1 {
+		t.Errorf("sqs_handler_timeouts_total = %d, want 1", n)
+	}
+	if _, err := sqstransport.NewSubscriber(c, sqstransport.SubscriberConfig{QueueURL: q, Visibility: 5 * time.Second,
+		HandlerTimeout: 5 * time.Second}, h); err == nil {
+		t.Error("NewSubscriber accepted a HandlerTimeout as long as the visibility timeout")
 	}
 }
