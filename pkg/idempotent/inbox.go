@@ -87,10 +87,10 @@ type Inbox struct {
 	cfg      InboxConfig
 	log      *slog.Logger
 
-	received, refused metric.Int64Counter
-	processed         metric.Int64Counter
-	gauges            metric.Registration
-	attrConsumer      attribute.KeyValue
+	received, refused   metric.Int64Counter
+	processed, timeouts metric.Int64Counter
+	gauges              metric.Registration
+	attrConsumer        attribute.KeyValue
 
 	mu            sync.Mutex
 	wakes         []chan struct{} // one per processor worker; Receive pings them
@@ -117,6 +117,7 @@ func NewInbox(pool *pgxpool.Pool, consumer string, cfg InboxConfig) (*Inbox, err
 		{&in.received, "inbox_received_total", "Messages offered to an inbox, by outcome (stored, duplicate, conflict, expired, invalid, failed)."},
 		{&in.refused, "inbox_refused_total", "Messages an inbox refused to store, by reason (expired, conflict, invalid); the transport parks them. Alert when it rises."},
 		{&in.processed, "inbox_processed_total", "Inbox attempts that ended, by outcome (done, retry, failed)."},
+		{&in.timeouts, "inbox_handler_timeouts_total", "Inbox handlers cut at the processor's HandlerTimeout; their rows are retried."},
 	} {
 		if *c.dst, err = m.Int64Counter(c.name, metric.WithDescription(c.desc)); err != nil {
 			return nil, err

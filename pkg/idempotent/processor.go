@@ -70,6 +70,13 @@ type ProcessorConfig struct {
 	// Run's context is cancelled [30s]; past it the batch is rolled back and
 	// its rows retried later.
 	ShutdownGrace time.Duration
+	// HandlerTimeout is each row's handler deadline [30s]. Past it the
+	// handler's context is cancelled: its writes roll back to the row's
+	// savepoint (or with the whole batch, if the cancel broke the
+	// connection), the row is retried by backoff like any failure, and the
+	// timeout is counted (inbox_handler_timeouts_total). Without it a hung
+	// handler would hold its worker, its connection and its key for good.
+	HandlerTimeout time.Duration
 	// Pool is where the apply transactions run [the Inbox's pool]. Each
 	// worker holds one connection for as long as its handlers run, so on a
 	// shared pool slow handlers take connections Receive needs to ack within
@@ -101,6 +108,7 @@ func (c *ProcessorConfig) defaults(in *Inbox) {
 	def(&c.RetryMax, 10*time.Minute)
 	def(&c.ShutdownGrace, 30*time.Second)
 	def(&c.ClaimHold, 5*time.Second)
+	def(&c.HandlerTimeout, 30*time.Second)
 	if c.ReorderWindow < 0 {
 		c.ReorderWindow = 0
 	}
@@ -576,10 +584,17 @@ func (p *Processor) call(ctx context.Context, tx pgx.Tx, r *claimedRow) (err err
 	ctx, span := p.tracer.Start(ctx, "inbox process "+r.EventType, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("event_id", r.MessageID.String()), attribute.String("consumer", p.in.consumer),
 			attribute.Int("attempt", r.Attempts)))
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.HandlerTimeout)
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("idempotent: inbox handler panicked: %v\n%s", v, debug.Stack())
 		}
+		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && parent.Err() == nil {
+			p.in.timeouts.Add(parent, 1, metric.WithAttributes(p.in.attrConsumer))
+			err = fmt.Errorf("idempotent: inbox handler passed its %v deadline: %w", p.cfg.HandlerTimeout, err)
+		}
+		cancel()
 		if err != nil {
 			span.RecordError(err)
 		}

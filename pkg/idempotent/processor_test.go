@@ -275,3 +275,38 @@ func TestProcessorRefusesToStarveTheReceiver(t *testing.T) {
 		t.Fatalf("own pool: %v", err)
 	}
 }
+
+// A hung handler is cut at HandlerTimeout: its row's work rolls back (the
+// row and key locks are released), the row goes back to PENDING with the
+// deadline as its last error and is retried, and the timeout is counted.
+func TestProcessorCutsAHungHandlerAtItsDeadline(t *testing.T) {
+	pool := inboxSetup(t)
+	m := newMetrics()
+	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider})
+	e := keyedEvent(t, "cb_1", 1)
+	receive(t, in, e)
+	var calls atomic.Int64
+	h := func(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
+		if err := record(ctx, tx, e); err != nil {
+			return err
+		}
+		if calls.Add(1) == 1 {
+			<-ctx.Done() // an external call that never answers
+			return ctx.Err()
+		}
+		return nil
+	}
+	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{HandlerTimeout: 300 * time.Millisecond,
+		ClaimHold: 100 * time.Millisecond, RetryBase: 100 * time.Millisecond, PollInterval: 10 * time.Millisecond}, 1)
+	waitFor(t, 10*time.Second, "the row DONE", func() bool { return inboxRow(t, pool, "notifications", e.EventID).Status == "DONE" })
+	r := inboxRow(t, pool, "notifications", e.EventID)
+	if r.Attempts != 2 || r.LastError == nil || !strings.Contains(*r.LastError, "deadline") {
+		t.Fatalf("row %+v; want DONE at attempt 2, the deadline kept as last error", r)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM applied`); n != 1 {
+		t.Fatalf("%d effect rows, want 1: the cut attempt's writes roll back", n)
+	}
+	if got := m.Value(t, "inbox_handler_timeouts_total", "consumer", "notifications"); got != 1 {
+		t.Fatalf("inbox_handler_timeouts_total = %v, want 1", got)
+	}
+}
