@@ -17,7 +17,18 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/internal/snapshot"
 )
+
+// gaugeCap bounds the rows each backlog gauge reads: inbox_pending and
+// inbox_failed read gaugeCap when at least that many rows are in that
+// state, and the oldest pending age is taken over the pending rows read, so
+// a scrape costs the same however large the backlog (Backlog and
+// `inboxctl backlog` still count exactly).
+var gaugeCap int64 = 10000
+
+// gaugeQueryTimeout bounds one read of the gauges' values.
+const gaugeQueryTimeout = 2 * time.Second
 
 // DefaultQueueRetention is the longest an SQS queue keeps a message (14
 // days, also what sqstransport.EnsureQueue sets on queues and DLQs).
@@ -37,6 +48,10 @@ type InboxConfig struct {
 	// Logger [slog.Default()]; MeterProvider [otel.GetMeterProvider()].
 	Logger        *slog.Logger
 	MeterProvider metric.MeterProvider
+	// MetricsCacheTTL is how long the backlog gauges' values are reused
+	// before they are read again [5s]: a scrape never costs more than one
+	// bounded query per TTL.
+	MetricsCacheTTL time.Duration
 	// Now is the clock for the retention check [time.Now]; tests inject one.
 	Now func() time.Time
 }
@@ -53,6 +68,9 @@ func (c *InboxConfig) defaults() {
 	}
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.MetricsCacheTTL <= 0 {
+		c.MetricsCacheTTL = 5 * time.Second
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -138,8 +156,9 @@ func NewInbox(pool *pgxpool.Pool, consumer string, cfg InboxConfig) (*Inbox, err
 	if err != nil {
 		return nil, err
 	}
+	cache := snapshot.New(cfg.MetricsCacheTTL, gaugeQueryTimeout, in.boundedBacklog)
 	in.gauges, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		b, err := in.Backlog(ctx)
+		b, err := cache.Get(ctx)
 		if err != nil {
 			return fmt.Errorf("idempotent: inbox %s backlog: %w", consumer, err)
 		}
@@ -153,6 +172,22 @@ func NewInbox(pool *pgxpool.Pool, consumer string, cfg InboxConfig) (*Inbox, err
 		return nil, err
 	}
 	return in, nil
+}
+
+// boundedBacklog is Backlog for the gauges: each count reads at most
+// gaugeCap rows of the inbox_unfinished index.
+func (in *Inbox) boundedBacklog(ctx context.Context) (Backlog, error) {
+	b := Backlog{Consumer: in.consumer}
+	var secs float64
+	err := in.pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM (SELECT 1 FROM inbox WHERE consumer = $1 AND status IN ('PENDING', 'FAILED')
+		    AND status = 'PENDING' LIMIT $2) p),
+		(SELECT coalesce(extract(epoch FROM now() - min(received_at)), 0)::float8 FROM (SELECT received_at FROM inbox
+		  WHERE consumer = $1 AND status IN ('PENDING', 'FAILED') AND status = 'PENDING' LIMIT $2) p),
+		(SELECT count(*) FROM (SELECT 1 FROM inbox WHERE consumer = $1 AND status IN ('PENDING', 'FAILED')
+		    AND status = 'FAILED' LIMIT $2) f)`, in.consumer, gaugeCap).Scan(&b.Pending, &secs, &b.Failed)
+	b.OldestPending = time.Duration(secs * float64(time.Second))
+	return b, err
 }
 
 // Consumer is the consumer name that scopes this inbox's keys.

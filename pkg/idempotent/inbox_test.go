@@ -431,3 +431,36 @@ func TestInboxNeverRunsTwoRowsOfOneKeyAtOnce(t *testing.T) {
 		t.Fatalf("applied %v, want [2 1]: v2 first (it was running), then the late v1", vs)
 	}
 }
+
+// The inbox gauges do not query on every scrape: their values are cached
+// for MetricsCacheTTL, and the counts stop at a bound, so a scrape costs the
+// same however large the backlog.
+func TestInboxGaugesAreCachedAndBounded(t *testing.T) {
+	defer idempotent.SetGaugeCap(5)()
+	pool := inboxSetup(t)
+	m := newMetrics()
+	const ttl = 300 * time.Millisecond
+	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider, MetricsCacheTTL: ttl})
+	pending := func() float64 { return m.Value(t, "inbox_pending", "consumer", "notifications") }
+	for i := range 3 {
+		receive(t, in, keyedEvent(t, fmt.Sprintf("cb_%d", i), 1))
+	}
+	if got := pending(); got != 3 {
+		t.Fatalf("inbox_pending = %v, want 3", got)
+	}
+	receive(t, in, keyedEvent(t, "cb_3", 1))
+	if got := pending(); got != 3 {
+		t.Fatalf("inbox_pending = %v right after the last scrape, want the cached 3", got)
+	}
+	time.Sleep(ttl + 50*time.Millisecond)
+	if got := pending(); got != 4 {
+		t.Fatalf("inbox_pending = %v once the cache expired, want 4", got)
+	}
+	for i := 4; i < 7; i++ {
+		receive(t, in, keyedEvent(t, fmt.Sprintf("cb_%d", i), 1))
+	}
+	time.Sleep(ttl + 50*time.Millisecond)
+	if got := pending(); got != 5 {
+		t.Fatalf("inbox_pending = %v with 7 rows, want the bound 5", got)
+	}
+}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/internal/snapshot"
 )
 
 // Message is one outbox row ready for the wire.
@@ -70,6 +71,10 @@ type RelayConfig struct {
 	// the cleanup deletes them [24h]; CleanupInterval is how often it runs [1m].
 	KeepPublished, CleanupInterval time.Duration
 	Logger                         *slog.Logger
+	// MetricsCacheTTL is how long the backlog gauges' values are reused
+	// before they are read again [5s]: a scrape never costs more than one
+	// bounded query per TTL.
+	MetricsCacheTTL time.Duration
 	// MeterProvider receives the relay's metrics (default: the global one).
 	MeterProvider metric.MeterProvider
 }
@@ -94,6 +99,7 @@ func (c *RelayConfig) defaults() {
 	def(&c.RetryMax, 5*time.Minute)
 	def(&c.KeepPublished, 24*time.Hour)
 	def(&c.CleanupInterval, time.Minute)
+	def(&c.MetricsCacheTTL, 5*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -112,6 +118,15 @@ type Relay struct {
 	log  *slog.Logger
 
 	published, failures metric.Int64Counter
+	backlog             *snapshot.Cache[backlog]
+	gauges              metric.Registration
+	closeOnce           sync.Once
+}
+
+// backlog is what the gauges export.
+type backlog struct {
+	unpublished int64
+	oldest      float64 // seconds
 }
 
 // NewRelay returns a relay that publishes the outbox of pool through pub.
@@ -134,32 +149,49 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 	if r.failures, err = m.Int64Counter("outbox_publish_failures_total", metric.WithDescription("Outbox rows whose publish failed and was rescheduled.")); err != nil {
 		return nil, err
 	}
-	if _, err = m.Float64ObservableGauge("outbox_oldest_unpublished_age_seconds",
-		metric.WithDescription("Age of the oldest unpublished outbox row; alert when it grows."),
-		metric.WithFloat64Callback(func(ctx context.Context, o metric.Float64Observer) error {
-			age, err := r.OldestUnpublishedAge(ctx)
-			if err == nil {
-				o.Observe(age.Seconds())
-			}
-			return nil
-		})); err != nil {
-		return nil, err
-	}
 	// Zero from the start, so rate() and alerts work before the first event.
 	r.published.Add(context.Background(), 0)
 	r.failures.Add(context.Background(), 0)
-	if _, err = m.Int64ObservableGauge("outbox_unpublished",
-		metric.WithDescription("Outbox rows committed and not yet published; alert when it keeps growing."),
-		metric.WithInt64Callback(func(ctx context.Context, o metric.Int64Observer) error {
-			n, err := r.Unpublished(ctx)
-			if err == nil {
-				o.Observe(n)
-			}
-			return nil
-		})); err != nil {
+	oldest, err := m.Float64ObservableGauge("outbox_oldest_unpublished_age_seconds",
+		metric.WithDescription("Age of the oldest unpublished outbox row; alert when it grows."))
+	if err != nil {
+		return nil, err
+	}
+	unpublished, err := m.Int64ObservableGauge("outbox_unpublished",
+		metric.WithDescription("Outbox rows committed and not yet published, up to 10000; alert when it keeps growing."))
+	if err != nil {
+		return nil, err
+	}
+	r.backlog = snapshot.New(cfg.MetricsCacheTTL, gaugeQueryTimeout, r.readBacklog)
+	if r.gauges, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		b, err := r.backlog.Get(ctx)
+		if err != nil {
+			return nil // no observation rather than a wrong one
+		}
+		o.ObserveInt64(unpublished, b.unpublished)
+		o.ObserveFloat64(oldest, b.oldest)
+		return nil
+	}, oldest, unpublished); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// readBacklog reads the gauges' values over at most gaugeCap unpublished
+// rows, walked in the order of the outbox_unpublished index.
+func (r *Relay) readBacklog(ctx context.Context) (backlog, error) {
+	var b backlog
+	err := r.pool.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+		FROM (SELECT created_at FROM outbox WHERE published_at IS NULL ORDER BY next_attempt_at, id LIMIT $1) s`,
+		gaugeCap).Scan(&b.unpublished, &b.oldest)
+	return b, err
+}
+
+// Close unregisters the relay's gauges; Run does it when it returns.
+func (r *Relay) Close() error {
+	var err error
+	r.closeOnce.Do(func() { err = r.gauges.Unregister() })
+	return err
 }
 
 // Unpublished counts the rows waiting to be published.
@@ -186,7 +218,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Go(func() { r.work(ctx, w) })
 	}
 	wg.Wait()
-	return nil
+	return r.Close()
 }
 
 func (r *Relay) work(ctx context.Context, wake <-chan struct{}) {
@@ -212,6 +244,15 @@ func (r *Relay) work(ctx context.Context, wake <-chan struct{}) {
 		}
 	}
 }
+
+// gaugeCap bounds the rows the backlog gauges read: outbox_unpublished
+// reads gaugeCap when at least that many rows wait, and the oldest age is
+// taken over those rows (the earliest due first), so a scrape costs the
+// same for a backlog of millions.
+var gaugeCap int64 = 10000
+
+// gaugeQueryTimeout bounds one read of the gauges' values.
+const gaugeQueryTimeout = 2 * time.Second
 
 // errCrashed stands for a process killed at a failpoint (in-process tests).
 var errCrashed = errors.New("outbox: crashed at failpoint")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/effectively-once/payments-cashback/internal/testenv"
@@ -428,7 +429,7 @@ func TestPublisherErrorReschedulesTheBatch(t *testing.T) {
 	addCommitted(t, ctx, pool, a, b)
 	metrics := testenv.NewMetrics()
 	relay := newRelay(t, pool, &flakyPublisher{next: pub, failCalls: 1}, outbox.RelayConfig{RetryBase: 200 * time.Millisecond,
-		MeterProvider: metrics.Provider})
+		MeterProvider: metrics.Provider, MetricsCacheTTL: time.Nanosecond})
 	if got := metrics.Value(t, "outbox_unpublished"); got != 2 {
 		t.Errorf("outbox_unpublished = %v before the relay ran, want 2", got)
 	}
@@ -688,5 +689,66 @@ func TestFailedRowsAreRescheduledEvenWhenMarkingPublishedOnesFails(t *testing.T)
 	}
 	if s := state(t, pool, bad.EventID); s.Published || s.Claimed || s.LastError == nil || s.DueIn <= time.Second {
 		t.Fatalf("the failed row: %+v; want rescheduled by backoff", s)
+	}
+}
+
+// hasMetric reports whether the last collection of m holds a metric named name.
+func hasMetric(t testing.TB, m *testenv.Metrics, name string) bool {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := m.Reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			if mt.Name == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// The backlog gauges do not query on every scrape: their values are cached
+// for MetricsCacheTTL, the count stops at a bound (a backlog of millions
+// costs what one of the bound does), and they are unregistered when Run
+// returns, so a stopped relay leaves no gauge reading a stale table.
+func TestRelayGaugesAreCachedBoundedAndUnregisteredOnStop(t *testing.T) {
+	defer outbox.SetGaugeCap(5)()
+	ctx := context.Background()
+	pool := setup(t)
+	addCommitted(t, ctx, pool, newEvent(t, 1), newEvent(t, 2), newEvent(t, 3))
+	m := testenv.NewMetrics()
+	const ttl = 300 * time.Millisecond
+	relay := newRelay(t, pool, &flakyPublisher{failCalls: 1 << 30}, outbox.RelayConfig{MeterProvider: m.Provider,
+		MetricsCacheTTL: ttl, RetryBase: time.Hour})
+	if got := m.Value(t, "outbox_unpublished"); got != 3 {
+		t.Fatalf("outbox_unpublished = %v, want 3", got)
+	}
+	addCommitted(t, ctx, pool, newEvent(t, 4))
+	if got := m.Value(t, "outbox_unpublished"); got != 3 {
+		t.Fatalf("outbox_unpublished = %v right after the last scrape, want the cached 3", got)
+	}
+	time.Sleep(ttl + 50*time.Millisecond)
+	if got := m.Value(t, "outbox_unpublished"); got != 4 {
+		t.Fatalf("outbox_unpublished = %v once the cache expired, want 4", got)
+	}
+	addCommitted(t, ctx, pool, newEvent(t, 5), newEvent(t, 6), newEvent(t, 7))
+	time.Sleep(ttl + 50*time.Millisecond)
+	if got := m.Value(t, "outbox_unpublished"); got != 5 {
+		t.Fatalf("outbox_unpublished = %v with 7 rows, want the bound 5", got)
+	}
+	if got := m.Value(t, "outbox_oldest_unpublished_age_seconds"); got <= 0 {
+		t.Fatalf("outbox_oldest_unpublished_age_seconds = %v, want > 0", got)
+	}
+	stop := runRelay(t, relay)
+	waitFor(t, 5*time.Second, "the relay to try the rows", func() bool {
+		return count(t, pool, `SELECT count(*) FROM outbox WHERE attempts > 0`) == 7
+	})
+	stop()
+	for _, name := range []string{"outbox_unpublished", "outbox_oldest_unpublished_age_seconds"} {
+		if hasMetric(t, m, name) {
+			t.Errorf("%s still reported after Run returned", name)
+		}
 	}
 }
