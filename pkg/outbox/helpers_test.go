@@ -235,13 +235,15 @@ func (h *errorLog) errors() []string {
 	return append([]string(nil), h.records...)
 }
 
-// countingPublisher wraps a Publisher and counts what it was asked to send.
+// countingPublisher wraps a Publisher and counts what it was asked to send
+// and, per id, how often the queue accepted it.
 type countingPublisher struct {
 	next     outbox.Publisher
 	mu       sync.Mutex
 	calls    int
 	sent     int
 	maxBatch int
+	accepted map[uuid.UUID]int
 }
 
 func (p *countingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (map[uuid.UUID]error, error) {
@@ -250,7 +252,21 @@ func (p *countingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Mess
 	p.sent += len(msgs)
 	p.maxBatch = max(p.maxBatch, len(msgs))
 	p.mu.Unlock()
-	return p.next.PublishBatch(ctx, msgs)
+	failed, err := p.next.PublishBatch(ctx, msgs)
+	if err != nil {
+		return failed, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.accepted == nil {
+		p.accepted = map[uuid.UUID]int{}
+	}
+	for _, m := range msgs {
+		if _, bad := failed[m.ID]; !bad {
+			p.accepted[m.ID]++
+		}
+	}
+	return failed, nil
 }
 
 // waitFor polls cond every 20ms until it holds or timeout passes.
