@@ -2,6 +2,8 @@ package intent
 
 import (
 	"encoding/json"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -13,7 +15,9 @@ import (
 
 // FuzzBuild: a cashback event's payload becomes an SMS intent with a
 // recipient, a body and the key sms:<event_id>, or a permanent error (the
-// message is parked); never a panic, never an empty SMS.
+// message is parked); never a panic, never an empty SMS. The amount the SMS
+// states is exactly the payload's amount_paise, and a negative amount
+// (min int64 included) is refused, never rendered.
 func FuzzBuild(f *testing.F) {
 	for _, seed := range []string{
 		`{"payment_id":"pay_42","user_id":"u_17","amount_paise":2400,"recipient":"+919876543210"}`,
@@ -43,8 +47,27 @@ func FuzzBuild(f *testing.F) {
 		if in.Recipient == "" || in.Body == "" || in.EventID != id || (in.Kind != KindCashback && in.Kind != KindCashbackReversed) {
 			t.Fatalf("unusable intent %+v from %q", in, payload)
 		}
-		if !strings.Contains(in.Body, "₹") {
-			t.Fatalf("SMS body %q names no amount", in.Body)
+		var p struct {
+			AmountPaise int64 `json:"amount_paise"`
+		}
+		if err := json.Unmarshal(payload, &p); err != nil {
+			t.Fatalf("Build accepted %q, which does not decode: %v", payload, err)
+		}
+		if p.AmountPaise < 0 {
+			t.Fatalf("Build accepted the negative amount %d: %q", p.AmountPaise, in.Body)
+		}
+		m := statedAmount.FindStringSubmatch(in.Body)
+		if m == nil {
+			t.Fatalf("SMS body %q states no amount", in.Body)
+		}
+		whole, err := strconv.ParseInt(strings.ReplaceAll(m[1], ",", ""), 10, 64)
+		frac, _ := strconv.ParseInt(m[2], 10, 64)
+		if err != nil || whole != p.AmountPaise/100 || frac != p.AmountPaise%100 {
+			t.Fatalf("SMS body %q states %s.%s rupees, want the credit of %d paise", in.Body, m[1], m[2], p.AmountPaise)
 		}
 	})
 }
+
+// statedAmount is how an SMS body states an amount: ₹ then Indian-grouped
+// rupees and two digits of paise.
+var statedAmount = regexp.MustCompile(`(?:^|[^-0-9,])₹((?:[0-9]{1,2},)*(?:[0-9]{1,3},)?[0-9]{1,3})\.([0-9]{2})(?:[^0-9]|$)`)

@@ -77,6 +77,11 @@ func Build(e events.Envelope) (Intent, error) {
 	if !events.ValidID(p.PaymentID) {
 		return Intent{}, sqstransport.Permanent(fmt.Errorf("%s payload: payment_id is not an id", e.EventType))
 	}
+	if p.AmountPaise < 0 {
+		// Credits and reversals carry magnitudes: a negative one is a
+		// producer's bug, not an SMS to send.
+		return Intent{}, sqstransport.Permanent(fmt.Errorf("%s payload: amount_paise %d is negative", e.EventType, p.AmountPaise))
+	}
 	in := Intent{EventID: e.EventID, EventType: e.EventType, Recipient: to}
 	switch e.EventType {
 	case events.CashbackCredited:
@@ -94,11 +99,12 @@ func Build(e events.Envelope) (Intent, error) {
 // Rupees formats paise the Indian way: "₹1,23,456.78" (the last three
 // digits of the rupees, then groups of two).
 func Rupees(paise int64) string {
-	sign := ""
+	sign, abs := "", uint64(paise)
 	if paise < 0 {
-		sign, paise = "-", -paise
+		// In uint64, so that -MinInt64 does not overflow back to itself.
+		sign, abs = "-", -uint64(paise)
 	}
-	whole := fmt.Sprint(paise / 100)
+	whole := fmt.Sprint(abs / 100)
 	if len(whole) > 3 {
 		head, tail := whole[:len(whole)-3], whole[len(whole)-3:]
 		for i := len(head) - 2; i > 0; i -= 2 {
@@ -106,7 +112,7 @@ func Rupees(paise int64) string {
 		}
 		whole = head + "," + tail
 	}
-	return fmt.Sprintf("%s₹%s.%02d", sign, whole, paise%100)
+	return fmt.Sprintf("%s₹%s.%02d", sign, whole, abs%100)
 }
 
 // Record stores the SMS intent of e in tx, once: a second call for the

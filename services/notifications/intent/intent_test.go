@@ -1,6 +1,7 @@
 package intent
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -9,7 +10,8 @@ import (
 )
 
 func TestRupees(t *testing.T) {
-	for paise, want := range map[int64]string{2400: "₹24.00", 5: "₹0.05", 12345678: "₹1,23,456.78", 100000: "₹1,000.00", 1234567890: "₹1,23,45,678.90", -250: "-₹2.50"} {
+	for paise, want := range map[int64]string{2400: "₹24.00", 5: "₹0.05", 12345678: "₹1,23,456.78", 100000: "₹1,000.00", 1234567890: "₹1,23,45,678.90", -250: "-₹2.50",
+		math.MinInt64: "-₹92,23,37,20,36,85,47,758.08"} {
 		if got := Rupees(paise); got != want {
 			t.Errorf("Rupees(%d) = %q, want %q", paise, got, want)
 		}
