@@ -690,3 +690,14 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b) // never fails (crypto/rand panics instead on broken systems)
 	return hex.EncodeToString(b)
 }
+
+// Unsetenv removes each variable from the environment for the rest of the
+// test and restores it afterwards: a config test must see its defaults even
+// when the shell (or `make test`, which loads .stack/env) sets them.
+func Unsetenv(t testing.TB, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		t.Setenv(n, "") // registers the restore
+		_ = os.Unsetenv(n)
+	}
+}

@@ -342,6 +342,7 @@ func freePort(t *testing.T) int {
 
 // The start-up summary names every setting and shows no secret.
 func TestConfigSummaryMasksTheAPIKeysTheStripeKeyAndTheDatabasePassword(t *testing.T) {
+	testenv.Unsetenv(t, "STRIPE_MOCK_FIXTURES", "LISTEN_ADDR")
 	t.Setenv("PAYMENTS_DATABASE_URL", "postgres://app:hunter2@db:5432/payments")
 	t.Setenv("PAYMENTS_API_KEYS", "web:"+testAPIKey)
 	t.Setenv("STRIPE_API_KEY", "sk_live_0123456789")

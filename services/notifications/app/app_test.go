@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -295,9 +294,8 @@ func TestPolicyConfiguration(t *testing.T) {
 func TestConfigFromEnvironment(t *testing.T) {
 	t.Setenv("NOTIFICATIONS_DATABASE_URL", "postgres://x/notifications")
 	// The defaults, whatever the shell has (scripts/stack.sh with exports
-	// SMS_PROVIDER_URL of the stack's own port): t.Setenv restores it after.
-	t.Setenv("SMS_PROVIDER_URL", "")
-	os.Unsetenv("SMS_PROVIDER_URL")
+	// SMS_PROVIDER_URL of the stack's own port, LISTEN_ADDR, dev keys).
+	testenv.Unsetenv(t, "SMS_PROVIDER_URL", "LISTEN_ADDR")
 	cfg, err := service.LoadConfig[app.Config]()
 	if err != nil {
 		t.Fatal(err)

@@ -529,6 +529,7 @@ func TestRetentionShorterThanSQSRefused(t *testing.T) {
 }
 
 func TestConfigFromEnvironment(t *testing.T) {
+	testenv.Unsetenv(t, "LISTEN_ADDR", "REWARDS_API_KEYS", "REWARDS_MAX_RATE_BP", "REWARDS_RATE_MIN_LEAD")
 	t.Setenv("REWARDS_DATABASE_URL", "postgres://x/rewards")
 	t.Setenv("REWARDS_FAIL_FIRST_N", "2")
 	cfg, err := service.LoadConfig[app.Config]()
