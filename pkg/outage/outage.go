@@ -25,11 +25,13 @@ import (
 	"io"
 	"net"
 	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Unavailable reports whether err looks like a dependency that could not be
 // reached or did not answer, rather than a verdict on the request: a
-// refused, reset or closed connection, a dial or I/O timeout, a deadline
+// refused, reset or closed connection (pgconn.ErrConnClosed included), a dial or I/O timeout, a deadline
 // that ran out (a pool acquire or a query on a hung connection), a
 // PostgreSQL connection exception (class 08), shutdown or start-up (57P01,
 // 57P02, 57P03) or too_many_connections (53300), and a server error or
@@ -45,16 +47,20 @@ func Unavailable(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
 		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EHOSTUNREACH) ||
-		errors.Is(err, syscall.ENETUNREACH) {
+		errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, pgconn.ErrConnClosed) || pgconn.Timeout(err) {
 		return true
 	}
 	var ne net.Error
 	if errors.As(err, &ne) {
 		return true // *net.OpError, DNS errors, timeouts: the network, not the message
 	}
-	var st interface{ SQLState() string } // *pgconn.PgError, without importing pgx
-	if errors.As(err, &st) {
-		code := st.SQLState()
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		code := pe.Code
 		return len(code) == 5 && (code[:2] == "08" || code == "57P01" || code == "57P02" || code == "57P03" || code == "53300")
 	}
 	var hs interface{ HTTPStatusCode() int } // the AWS SDK's response errors
@@ -62,10 +68,8 @@ func Unavailable(err error) bool {
 		c := hs.HTTPStatusCode()
 		return c >= 500 || c == 429
 	}
-	// pgconn reports a connection it had already seen break as "conn
-	// closed" and a connect failure as *pgconn.ConnectError; both say
-	// SafeToRetry or wrap a net error, covered above. What is left is the
-	// request's own business.
-	var str interface{ SafeToRetry() bool }
-	return errors.As(err, &str) && str.SafeToRetry()
+	// A pgx error that says nothing was sent (the connection was found
+	// broken before use) is the connection's fault too. What is left is
+	// the request's own business.
+	return pgconn.SafeToRetry(err)
 }
