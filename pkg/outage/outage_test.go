@@ -184,4 +184,3 @@ func TestAGateClosesOnAConfirmedOutageAndReopensWhenTheDatabaseAnswers(t *testin
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
-
