@@ -21,12 +21,14 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/Shopify/toxiproxy/v2/toxics"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 )
 
@@ -221,4 +223,24 @@ func HostPort(rawURL string) (string, error) {
 		return "", fmt.Errorf("faults: %s names no port", rawURL)
 	}
 	return net.JoinHostPort(u.Hostname(), port), nil
+}
+
+// Postgres puts a proxy named name in front of direct's server and returns
+// a pool on the same database through it (connect timeout 1 s, so a cut
+// shows at once), closed by the caller.
+func (s *Server) Postgres(ctx context.Context, name string, direct *pgxpool.Pool) (*pgxpool.Pool, *Proxy, error) {
+	cc := direct.Config().ConnConfig
+	px, err := s.Proxy(name, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := direct.Config().Copy()
+	host, port, _ := net.SplitHostPort(px.Addr())
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.ConnectTimeout, cfg.ConnConfig.Fallbacks = host, uint16(p), time.Second, nil
+	via, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return via, px, nil
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -26,16 +24,7 @@ func viaProxy(t *testing.T) (*pgxpool.Pool, *pgxpool.Pool, *faults.Proxy) {
 	direct := testenv.DB(t)
 	fx := faults.New()
 	t.Cleanup(fx.Close)
-	cc := direct.Config().ConnConfig
-	px, err := fx.Proxy("db", net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := direct.Config().Copy()
-	host, port, _ := net.SplitHostPort(px.Addr())
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.ConnectTimeout, cfg.ConnConfig.Fallbacks = host, uint16(p), time.Second, nil
-	via, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	via, px, err := fx.Postgres(context.Background(), "db", direct)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,6 @@ package sqstransport_test
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
@@ -23,17 +21,8 @@ func proxiedDB(t *testing.T) (via, direct *pgxpool.Pool, px *faults.Proxy) {
 	direct = testenv.DB(t)
 	fx := faults.New()
 	t.Cleanup(fx.Close)
-	cc := direct.Config().ConnConfig
-	px, err := fx.Proxy("db-"+t.Name(), net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	via, px, err := fx.Postgres(context.Background(), "db-"+t.Name(), direct)
 	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := direct.Config().Copy()
-	host, port, _ := net.SplitHostPort(px.Addr())
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.ConnectTimeout = host, uint16(p), time.Second
-	cfg.ConnConfig.Fallbacks = nil
-	if via, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(via.Close)
