@@ -123,9 +123,9 @@ func TestAMessageFailingWhileTheDatabaseAnswersStillReachesTheDLQ(t *testing.T) 
 		send(t, c, q, newEvent(t, i))
 	}
 	waitFor(t, 30*time.Second, "the failing message to reach the DLQ", func() bool { v, _ := depth(t, c, dlq); return v == 1 })
-	if got := countRows(t, direct, `SELECT count(*) FROM applied`); got != 5 {
-		t.Fatalf("applied %d of the 5 healthy messages", got)
-	}
+	waitFor(t, 30*time.Second, "the 5 healthy messages applied", func() bool {
+		return countRows(t, direct, `SELECT count(*) FROM applied`) == 5
+	})
 	if g.Closed() {
 		t.Fatal("the gate closed although the database answered")
 	}
