@@ -165,7 +165,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	sc := cfg.Subscriber
 	sc.Concurrency = cfg.Concurrency
 	if sc.Gate == nil {
-		if _, err = service.DatabaseGate(pool, log); err != nil {
+		if sc.Gate, err = service.DatabaseGate(pool, log); err != nil {
 			return nil, err
 		}
 	}
