@@ -82,7 +82,7 @@ func inQueue(t testing.TB, queueURL string, ids []uuid.UUID) int {
 func TestTheCommitsAnswerIsLostAndTheRedeliveryIsADuplicateWithExactlyOneCredit(t *testing.T) {
 	db, env := viaProxy(t, "REWARDS_DATABASE_URL")
 	restartWith(t, "rewards", env)
-	user, payID := id("u_e2e16a"), id("pay_e2e16a")
+	user, payID := id("u_e2e17a"), id("pay_e2e17a")
 	e := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
 	cuts0 := faults.Cuts()
 	if _, err := db.Add(faults.CutOnReply("COMMIT\x00", 1)); err != nil {
@@ -122,11 +122,11 @@ func TestADatabaseOutageLongerThanTheDeadLetterScheduleParksNothingAndEveryPayme
 	restartWith(t, "rewards", env, "SUBSCRIBER_RETRY_BASE=500ms", "SUBSCRIBER_RETRY_MAX=8s")
 	outage := outageLength(t)
 	const n = 500
-	user := id("u_e2e16b")
+	user := id("u_e2e17b")
 	evs := make([]events.Envelope, n)
 	ids := make([]uuid.UUID, n)
 	for i := range evs {
-		evs[i] = paymentEvent(t, events.PaymentSucceeded, fmt.Sprintf("%s_%d", id("pay_e2e16b"), i), user, 10000, 1)
+		evs[i] = paymentEvent(t, events.PaymentSucceeded, fmt.Sprintf("%s_%d", id("pay_e2e17b"), i), user, 10000, 1)
 		ids[i] = evs[i].EventID
 	}
 	db.Cut()
@@ -186,7 +186,7 @@ func TestTheSMSProviderDownForAMinuteEndsWithOneSMSPerCredit(t *testing.T) {
 	provider.Cut()
 	t0 := time.Now()
 	const n = 20
-	user := id("u_e2e16c")
+	user := id("u_e2e17c")
 	payIDs := make([]string, n)
 	for i := range payIDs {
 		payIDs[i] = pay(t, user, 120000).ID
@@ -234,7 +234,7 @@ func TestTwoRelaysAndTwoConsumersOneOfEachKilledMidBatchStillCreditEveryPaymentO
 		t.Cleanup(func() { _ = l.Stop(r.name) })
 	}
 	const n = 200
-	user := id("u_e2e16d")
+	user := id("u_e2e17d")
 	payIDs := make([]string, n)
 	jobs := make(chan int)
 	var wg sync.WaitGroup
