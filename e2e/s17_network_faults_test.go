@@ -115,7 +115,7 @@ func TestTheCommitsAnswerIsLostAndTheRedeliveryIsADuplicateWithExactlyOneCredit(
 
 // Rewards' database is unreachable for outageLength (2 minutes in the
 // soak) while 500 payment events wait. The subscriber stops receiving,
-// /readyz says the consumer is paused, nothing reaches the DLQ, and once the
+// /readyz fails its consumer check, nothing reaches the DLQ, and once the
 // database answers, the 500 are credited exactly once each.
 func TestADatabaseOutageLongerThanTheDeadLetterScheduleParksNothingAndEveryPaymentIsCreditedAfter(t *testing.T) {
 	db, env := viaProxy(t, "REWARDS_DATABASE_URL")
@@ -134,7 +134,7 @@ func TestADatabaseOutageLongerThanTheDeadLetterScheduleParksNothingAndEveryPayme
 	sendMany(t, s.payQ, evs)
 	paused := ""
 	for time.Now().Before(t0.Add(outage)) {
-		if code, body := readyzStatus(t, s.rewardsURL); code == http.StatusServiceUnavailable && strings.Contains(body, `"consumer":"paused`) {
+		if code, body := readyzStatus(t, s.rewardsURL); code == http.StatusServiceUnavailable && strings.Contains(body, `"consumer":"failing"`) {
 			paused = body
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -170,7 +170,7 @@ func TestADatabaseOutageLongerThanTheDeadLetterScheduleParksNothingAndEveryPayme
 		t.Fatalf("%d of the %d events were dead-lettered by a %v outage; want 0", d, n, outage)
 	}
 	if paused == "" {
-		t.Error("rewards /readyz never said the consumer was paused during the outage")
+		t.Error("rewards /readyz never failed its consumer check during the outage")
 	}
 	if code, body := readyzStatus(t, s.rewardsURL); code != http.StatusOK {
 		t.Errorf("rewards /readyz = %d %s after the outage, want 200", code, body)
