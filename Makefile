@@ -84,11 +84,13 @@ bench: deps
 ## SOAK_DURATION (10m) while processes are SIGKILLed and restarted, PostgreSQL
 ## and the SQS server (fauxqs, with persistence) restarted once, duplicates
 ## and DLQ redrives injected; then checks nothing was lost or doubled and
-## prints a table. SOAK_PAYMENTS (5000), SOAK_SEED replays a run.
+## prints a table. SOAK_PAYMENTS (5000), SOAK_SEED replays a run,
+## SOAK_REPLICAS (2) of every process; network faults through Toxiproxy.
 SOAK_DURATION ?= 10m
 SOAK_PAYMENTS ?= 5000
+SOAK_REPLICAS ?= 2
 soak: deps
-	FAUXQS_PERSISTENCE=true SOAK_DURATION=$(SOAK_DURATION) SOAK_PAYMENTS=$(SOAK_PAYMENTS) \
+	FAUXQS_PERSISTENCE=true SOAK_DURATION=$(SOAK_DURATION) SOAK_PAYMENTS=$(SOAK_PAYMENTS) SOAK_REPLICAS=$(SOAK_REPLICAS) \
 		$(STACK) with $(GO) test -count=1 -v -run '^TestChaosSoak$$' -timeout 60m ./e2e/
 
 ## clean: stop the stack, delete its state (.stack/) and build output (bin/)

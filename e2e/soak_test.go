@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/effectively-once/payments-cashback/internal/faults"
 	"github.com/effectively-once/payments-cashback/internal/stack"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 )
@@ -114,23 +115,66 @@ func TestChaosSoak(t *testing.T) {
 	fmt.Printf("soak: seed %d (replay with SOAK_SEED=%d), %d payments over %v\n", cfg.seed, cfg.seed, cfg.payments, cfg.duration)
 	rng := rand.New(rand.NewPCG(cfg.seed, cfg.seed^0x5eed))
 
-	// Payments split into its two roles, so each can be killed on its own.
-	if err := l.Restart(stack.Payments, soakAPIEnv...); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.StartAs("soak-relay", stack.Payments, "ROLE=relay"); err != nil {
-		t.Fatal(err)
-	}
-	victims := []victim{{stack.Payments, soakAPIEnv}, {"soak-relay", nil}, {stack.Rewards, nil}, {stack.Notifications, nil}}
-	t.Cleanup(func() {
-		_ = l.Stop("soak-relay")
-		restartPlain(t, stack.Payments)
-		for _, v := range victims[2:] {
-			if !l.Running(v.name) {
-				restartPlain(t, v.name)
+	// Every service behind Toxiproxy; payments split into its two roles, so
+	// each can be killed on its own; SOAK_REPLICAS of every process.
+	nw := newSoakNet(t)
+	replicas := soakReplicas(t)
+	apiEnv := append(append([]string{}, soakAPIEnv...), nw.env["payments"]...)
+	relayEnv := append([]string{"ROLE=relay"}, nw.env["payments"]...)
+	var victims, extra []victim
+	var apis []string
+	for r := 1; r <= replicas; r++ {
+		for _, k := range []struct {
+			base, replica string
+			env           []string
+		}{
+			{stack.Payments, "soak-api", apiEnv}, {"", "soak-relay", relayEnv},
+			{stack.Rewards, "soak-rewards", nw.env["rewards"]}, {stack.Notifications, "soak-notifications", nw.env["notifications"]},
+		} {
+			switch {
+			case r == 1 && k.base != "": // the stack's own process, restarted with the soak's environment
+				if err := l.Restart(k.base, k.env...); err != nil {
+					t.Fatal(err)
+				}
+				victims = append(victims, victim{k.base, k.env})
+				if k.base == stack.Payments {
+					apis = append(apis, k.base)
+				}
+			default:
+				name := fmt.Sprintf("%s-%d", k.replica, r)
+				base := k.base
+				if base == "" {
+					base = stack.Payments
+				}
+				if err := l.StartAs(name, base, k.env...); err != nil {
+					t.Fatal(err)
+				}
+				victims = append(victims, victim{name, nil})
+				extra = append(extra, victim{name, nil})
+				if k.replica == "soak-api" {
+					apis = append(apis, name)
+				}
 			}
 		}
+	}
+	t.Cleanup(func() {
+		for _, v := range extra {
+			_ = l.Stop(v.name)
+		}
+		for _, n := range []string{stack.Payments, stack.Rewards, stack.Notifications} {
+			restartPlain(t, n)
+		}
 	})
+	var apiMu sync.Mutex
+	apiURL := func() string { // a running API replica, as a load balancer would pick
+		apiMu.Lock()
+		defer apiMu.Unlock()
+		n := apis[rand.IntN(len(apis))]
+		if !l.Running(n) {
+			n = apis[0]
+		}
+		return l.URL(n)
+	}
 
 	// The payments, decided up front so the seed replays them.
 	pays := make([]*soakPayment, cfg.payments)
@@ -153,7 +197,7 @@ func TestChaosSoak(t *testing.T) {
 	for range soakWorkers {
 		drivers.Go(func() {
 			for p := range jobs {
-				soakPay(ctx, p)
+				soakPay(ctx, p, apiURL)
 				if p.code == http.StatusCreated {
 					acked.Store(p.id, p)
 					ackedIDs.Lock()
@@ -196,8 +240,9 @@ func TestChaosSoak(t *testing.T) {
 	for _, v := range victims {
 		st.victims = append(st.victims, v.name)
 	}
-	pgAt, sqsAt := t0.Add(cfg.duration*35/100), t0.Add(cfg.duration*65/100)
-	pgDone, sqsDone := false, false
+	pgAt, sqsAt, partAt := t0.Add(cfg.duration*35/100), t0.Add(cfg.duration*65/100), t0.Add(cfg.duration*15/100)
+	pgDone, sqsDone, partDone := false, false, false
+	cuts0 := faults.Cuts()
 	end := t0.Add(cfg.duration)
 	for time.Now().Before(end) {
 		time.Sleep(time.Duration(1000+rng.IntN(3000)) * time.Millisecond)
@@ -215,9 +260,14 @@ func TestChaosSoak(t *testing.T) {
 		case !sqsDone && now.After(sqsAt):
 			sqsDone = true
 			st.sqs = soakInfra(t, "restart-sqs")
+		case !partDone && now.After(partAt):
+			partDone = true
+			nw.partition(t, rng, &st, partitionLength(rng, cfg.duration))
 		default:
 			switch r := rng.IntN(10); {
-			case r < 6:
+			case r >= 6:
+				nw.inject(t, rng, &st, time.Duration(2000+rng.IntN(4000))*time.Millisecond)
+			case r < 4:
 				v := victims[rng.IntN(len(victims))]
 				if err := l.Kill(v.name); err != nil {
 					t.Fatal(err)
@@ -225,7 +275,7 @@ func TestChaosSoak(t *testing.T) {
 				st.kills[v.name]++
 				time.Sleep(time.Duration(rng.IntN(2000)) * time.Millisecond)
 				soakStart(t, l, v)
-			case r < 8:
+			case r < 5:
 				st.inject(t, randomAcked(1+rng.IntN(3)))
 			default:
 				st.redrive(t, randomAcked(1+rng.IntN(3)))
@@ -237,6 +287,7 @@ func TestChaosSoak(t *testing.T) {
 			soakStart(t, l, v)
 		}
 	}
+	st.cuts = faults.Cuts() - cuts0
 	fmt.Printf("soak: chaos over after %v; waiting for the driver\n", time.Since(t0).Round(time.Second))
 	drivers.Wait()
 
@@ -265,17 +316,19 @@ func TestChaosSoak(t *testing.T) {
 // answer: 201 (acknowledged) or a 4xx other than 409 (refused). Connection
 // errors, timeouts, 5xx and 409 (the same key still running, or locked by a
 // request the kill cut) are retried.
-func soakPay(ctx context.Context, p *soakPayment) {
+func soakPay(ctx context.Context, p *soakPayment, apiURL func() string) {
 	body, _ := json.Marshal(upi(p.user, p.amount))
 	hc := &http.Client{Timeout: 15 * time.Second}
 	deadline := time.Now().Add(soakPerPayment)
 	delay := 100 * time.Millisecond
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		p.tries++
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.paymentsURL+"/v1/payments", bytes.NewReader(body))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, apiURL()+"/v1/payments", bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", p.key)
-		authorize(req)
+		if s.apiKey != "" { // every API replica takes the stack's key
+			req.Header.Set("Authorization", "Bearer "+s.apiKey)
+		}
 		resp, err := hc.Do(req)
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
@@ -341,6 +394,20 @@ type soakStats struct {
 	injectedPay, injectedRew map[uuid.UUID]int
 	redriven                 map[uuid.UUID]int // payment events moved through the DLQ and back
 	redrives                 int               // redrive runs
+	faults                   map[string]int    // network faults injected, by kind
+	cuts                     int64             // answers the cut-on-reply faults actually dropped
+	partition                string            // the database partition, and the backlog it caused
+}
+
+// namesOf are the victims whose name is base or a replica of it (prefix).
+func namesOf(st *soakStats, base, prefix string) []string {
+	var out []string
+	for _, n := range st.victims {
+		if n == base || strings.HasPrefix(n, prefix) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 func add(m *map[uuid.UUID]int, id uuid.UUID) {
@@ -578,7 +645,14 @@ func soakCheck(t *testing.T, cfg soakConfig, pays []*soakPayment, st *soakStats)
 		payEvents[p.eventID] = true
 	}
 	dupRewards := 0
-	for _, line := range logLines(t, stack.Rewards, "duplicate copy acked") {
+	var dupLines, failLines []string
+	for _, n := range namesOf(st, stack.Rewards, "soak-rewards-") {
+		dupLines = append(dupLines, logLines(t, n, "duplicate copy acked")...)
+	}
+	for _, n := range namesOf(st, "", "soak-relay-") {
+		failLines = append(failLines, logLines(t, n, "outbox publish failed")...)
+	}
+	for _, line := range dupLines {
 		var m struct {
 			EventID uuid.UUID `json:"event_id"`
 		}
@@ -591,7 +665,7 @@ func soakCheck(t *testing.T, cfg soakConfig, pays []*soakPayment, st *soakStats)
 		t.Fatal(err)
 	}
 	failedPublishes := 0
-	for _, line := range logLines(t, "soak-relay", "outbox publish failed") {
+	for _, line := range failLines {
 		var m struct {
 			EventID uuid.UUID `json:"event_id"`
 		}
@@ -616,6 +690,48 @@ func soakCheck(t *testing.T, cfg soakConfig, pays []*soakPayment, st *soakStats)
 		dupBad = append(dupBad, fmt.Sprintf("rewards logged %d duplicates, fewer than the %d copies injected and redriven", dupRewards, injected+redriven))
 	}
 	check("every extra copy absorbed as a duplicate", dupBad)
+	var dlqBad []string
+	payEventIDs := make([]uuid.UUID, 0, len(payEvents))
+	for id := range payEvents {
+		payEventIDs = append(payEventIDs, id)
+	}
+	for _, q := range []struct{ name, url string }{{"payments-events-dlq", s.payDLQ}, {"rewards-events-dlq", s.rewDLQ}} {
+		ids := payEventIDs
+		if q.url == s.rewDLQ {
+			ids = cevs
+		}
+		for _, m := range peek(t, q.url, withEventID(ids...)) {
+			dlqBad = append(dlqBad, q.name+": "+attr(m, "event_id")+" "+attr(m, "park_reason"))
+		}
+	}
+	check("no soak event in any DLQ", dlqBad)
+	dlqPay, dlqRew := depth(t, s.payDLQ), depth(t, s.rewDLQ)
+
+	// The slowest payment: from its row's created_at to its SMS's sent_at.
+	created := map[string]time.Time{}
+	for _, r := range query(t, s.payDB, pgx.RowToStructByPos[struct {
+		ID string
+		At time.Time
+	}], `SELECT id, created_at FROM payments WHERE id = ANY($1)`, ackIDs) {
+		created[r.ID] = r.At
+	}
+	paymentOf := map[uuid.UUID]string{}
+	for _, r := range query(t, s.rewDB, pgx.RowToStructByPos[struct {
+		ID  uuid.UUID
+		Agg string
+	}], `SELECT id, aggregate_id FROM outbox WHERE event_type = 'CashbackCredited' AND aggregate_id = ANY($1)`, ackIDs) {
+		paymentOf[r.ID] = r.Agg
+	}
+	var slowest time.Duration
+	slowestID := ""
+	for _, r := range query(t, s.notDB, pgx.RowToStructByPos[struct {
+		EventID uuid.UUID
+		At      time.Time
+	}], `SELECT event_id, sent_at FROM notifications WHERE status = 'SENT' AND event_id = ANY($1)`, cevs) {
+		if c, ok := created[paymentOf[r.EventID]]; ok && r.At.Sub(c) > slowest {
+			slowest, slowestID = r.At.Sub(c), paymentOf[r.EventID]
+		}
+	}
 
 	// The table.
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -648,6 +764,19 @@ func soakCheck(t *testing.T, cfg soakConfig, pays []*soakPayment, st *soakStats)
 	fmt.Fprintf(w, "  relay resend after a kill\t%d\n", resends)
 	fmt.Fprintf(w, "  visibility redelivery\t%d\n", visibility)
 	fmt.Fprintf(w, "injected CashbackCredited copies (notifications inbox)\t%d\n", sum(st.injectedRew))
+	fmt.Fprintf(w, "replicas of each process\t%d\n", len(namesOf(st, stack.Rewards, "soak-rewards-")))
+	kills := 0
+	for _, n := range st.kills {
+		kills += n
+	}
+	fmt.Fprintf(w, "replicas killed (SIGKILL, all processes)\t%d\n", kills)
+	for _, f := range soakFaults {
+		fmt.Fprintf(w, "network fault: %s\t%d\n", f.name, st.faults[f.name])
+	}
+	fmt.Fprintf(w, "answers dropped by the cut faults\t%d\n", st.cuts)
+	fmt.Fprintf(w, "database partition\t%s\n", st.partition)
+	fmt.Fprintf(w, "messages in the DLQs at the end (payments / rewards, whole queues)\t%d / %d\n", dlqPay, dlqRew)
+	fmt.Fprintf(w, "longest payment → SMS\t%v (%s)\n", slowest.Round(time.Millisecond), slowestID)
 	_ = w.Flush()
 
 	if failed {

@@ -18,6 +18,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/pkg/internal/snapshot"
+	"github.com/effectively-once/payments-cashback/pkg/outage"
 )
 
 // Message is one outbox row ready for the wire.
@@ -224,18 +225,30 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) work(ctx context.Context, wake <-chan struct{}) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	outages := 0
 	for {
-		n, err := r.RelayOnce(ctx)
+		n, pubErr, err := r.relayOnce(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
 			r.log.Error("outbox relay batch failed", "error", err)
 		}
-		if err == nil && n == r.cfg.BatchSize {
-			continue // a full batch: there is probably more
+		wait := r.cfg.PollInterval
+		if outage.Unavailable(err) || outage.Unavailable(pubErr) {
+			// The database or the queue is down: every claim would fail
+			// (or, for the queue, claim rows only to fail them), so back
+			// off instead of flooding it: PollInterval doubling to
+			// RetryMax's cap of 30 s, until a batch goes through.
+			outages++
+			wait = min(max(r.cfg.PollInterval, 100*time.Millisecond)<<min(outages, 10), 30*time.Second)
+		} else {
+			outages = 0
+			if err == nil && n == r.cfg.BatchSize {
+				continue // a full batch: there is probably more
+			}
 		}
-		timer.Reset(r.cfg.PollInterval)
+		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
@@ -261,23 +274,37 @@ var errCrashed = errors.New("outbox: crashed at failpoint")
 // many rows it claimed. Run calls it in a loop; tests and tools may call it
 // directly.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	n, _, err := r.relayOnce(ctx)
+	return n, err
+}
+
+// relayOnce is RelayOnce that also returns the publisher's error when the
+// whole batch failed (the rows are rescheduled, so it is not an error of
+// the relay's), for Run to back off on an unreachable queue.
+func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
 	msgs, err := r.claim(ctx)
 	if err != nil || len(msgs) == 0 {
-		return 0, err
+		return 0, nil, err
 	}
 	// Once claimed, finish the batch even if ctx is cancelled meanwhile:
 	// marking what was sent avoids re-sending it after a clean shutdown.
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
-	failed, err := r.pub.PublishBatch(pctx, msgs)
+	failed, pubErr := r.pub.PublishBatch(pctx, msgs)
 	cancel()
-	if err != nil {
+	if pubErr != nil {
 		failed = make(map[uuid.UUID]error, len(msgs))
 		for _, m := range msgs {
-			failed[m.ID] = err
+			failed[m.ID] = pubErr
+		}
+	}
+	if pubErr == nil && len(failed) == len(msgs) {
+		for _, e := range failed { // every message failed: the queue, not the messages, is the likely cause
+			pubErr = e
+			break
 		}
 	}
 	if failpoint.Hit(failpoint.AfterPublishBeforeMark) {
-		return len(msgs), errCrashed
+		return len(msgs), pubErr, errCrashed
 	}
 	ok := make([]uuid.UUID, 0, len(msgs))
 	for _, m := range msgs {
@@ -289,9 +316,9 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MarkTimeout)
 	defer cancel()
 	if err := r.mark(mctx, ok, failed); err != nil {
-		return len(msgs), err
+		return len(msgs), pubErr, err
 	}
-	return len(msgs), nil
+	return len(msgs), pubErr, nil
 }
 
 type row struct {

@@ -25,6 +25,11 @@
 //   - while a handler runs, the message's visibility is extended, so a slow
 //     handler is not raced by a second copy (unless it hangs past
 //     MaxExtension: then a second copy runs, and the dedupe key decides);
+//   - with a Gate (pkg/outage), an outage is not poison: a handler error
+//     that looks like the database being away and that the gate's probe
+//     confirms stops receiving until the probe answers, and the messages in
+//     hand are held (visibility extended) and handled again then, costing
+//     no receive towards maxReceiveCount; receive errors back off (1 s to 20 s);
 //   - on shutdown, the current long poll is allowed to finish (at most
 //     WaitTime: an abandoned poll would hide its messages for a visibility
 //     timeout), no new one starts, in-flight handlers finish (up to a grace

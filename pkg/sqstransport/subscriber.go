@@ -24,6 +24,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/pkg/outage"
 )
 
 // Delivery is one received copy of an event.
@@ -86,7 +87,15 @@ type SubscriberConfig struct {
 	// parked with reason "panic" [3]. Keep it below the queue's
 	// maxReceiveCount, or SQS's redrive parks it first, with no reason.
 	MaxPanics int
-	Logger    *slog.Logger
+	// Gate, when set, tells an outage of the handler's dependency (its
+	// database unreachable) from a failing message: while it is closed the
+	// subscriber receives nothing, and a message whose handler failed
+	// because of the outage is held (its visibility kept extended, for up
+	// to MaxExtension) and handled again once the gate reopens, so an
+	// outage costs no receives towards maxReceiveCount. Nil: every handler
+	// error is the message's own.
+	Gate   *outage.Gate
+	Logger *slog.Logger
 }
 
 func (c *SubscriberConfig) defaults() {
@@ -125,11 +134,12 @@ func (c *SubscriberConfig) defaults() {
 // Subscriber consumes one queue. See the package documentation for its
 // delivery contract.
 type Subscriber struct {
-	client  *sqs.Client
-	cfg     SubscriberConfig
-	handler Handler
-	log     *slog.Logger
-	deletes chan string
+	client   *sqs.Client
+	cfg      SubscriberConfig
+	handler  Handler
+	log      *slog.Logger
+	deletes  chan string
+	stopping context.Context // Run's ctx: cancelled when the drain starts
 
 	received, deleted, parked, failed, timeouts metric.Int64Counter
 	duration                                    metric.Float64Histogram
@@ -195,9 +205,16 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	deleterDone := make(chan struct{})
 	go func() { defer close(deleterDone); s.deleter(work) }()
 
+	s.stopping = ctx
 	slots := make(chan struct{}, s.cfg.Concurrency)
 	var inflight sync.WaitGroup
+	receiveFailures := 0
 	for ctx.Err() == nil {
+		// During an outage nothing is received: each receive would cost a
+		// message one of its maxReceiveCount deliveries for nothing.
+		if s.cfg.Gate.Wait(ctx) != nil {
+			continue
+		}
 		// Take at least one free slot before receiving, so messages never sit
 		// in memory waiting for a handler while their visibility runs out.
 		select {
@@ -226,11 +243,16 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				s.log.Error("receive failed", "error", err)
-				sleep(ctx, time.Second)
+				// Backoff, so an unreachable SQS is not flooded (the SDK has
+				// already retried this call): 1 s, 2 s, ... up to 20 s.
+				receiveFailures++
+				delay := backoffFor(receiveFailures, time.Second, 20*time.Second)
+				s.log.Error("receive failed", "error", err, "retry_in", delay)
+				sleep(ctx, delay)
 			}
 			continue
 		}
+		receiveFailures = 0
 		for _, m := range msgs {
 			inflight.Go(func() {
 				defer func() { <-slots }()
@@ -294,10 +316,7 @@ func (s *Subscriber) process(ctx context.Context, m types.Message) {
 
 	stopHeartbeat := s.heartbeat(ctx, m.ReceiptHandle, log)
 	t0 := time.Now()
-	hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
-	panicked, err := s.call(hctx, d, log)
-	timedOut := err != nil && errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
-	cancel()
+	panicked, timedOut, err := s.handle(ctx, d, log)
 	stopHeartbeat()
 	result := "ok"
 	switch {
@@ -350,6 +369,35 @@ func (s *Subscriber) call(ctx context.Context, d Delivery, log *slog.Logger) (pa
 		}
 	}()
 	return false, s.handler(ctx, d)
+}
+
+// handle runs the handler (within HandlerTimeout, panics recovered) and,
+// while its failures are an outage the Gate confirms (a deadline that ran
+// out included: the probe tells a hung database from a slow message),
+// holds the message (the heartbeat keeps it invisible) and runs the
+// handler again once the gate reopens. It gives up, returning the last
+// attempt's result, when the drain starts or MaxExtension has passed since
+// the receive.
+func (s *Subscriber) handle(ctx context.Context, d Delivery, log *slog.Logger) (panicked, timedOut bool, err error) {
+	deadline := time.Now().Add(s.cfg.MaxExtension)
+	for {
+		hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
+		panicked, err = s.call(hctx, d, log)
+		timedOut = err != nil && errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+		cancel()
+		if err == nil || panicked || IsPermanent(err) || !s.cfg.Gate.Suspect(ctx, err) {
+			return panicked, timedOut, err
+		}
+		log.Warn("dependency unavailable: holding the message until it answers", "error", err)
+		wctx, cancelWait := context.WithDeadline(ctx, deadline)
+		stop := context.AfterFunc(s.stopping, cancelWait)
+		werr := s.cfg.Gate.Wait(wctx)
+		stop()
+		cancelWait()
+		if werr != nil {
+			return panicked, timedOut, err
+		}
+	}
 }
 
 func backoffFor(receives int, base, max time.Duration) time.Duration {

@@ -171,12 +171,17 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 
 	sc := cfg.Subscriber
 	sc.Concurrency = cfg.Concurrency
+	if sc.Gate == nil {
+		if sc.Gate, err = service.DatabaseGate(pool, log); err != nil {
+			return nil, err
+		}
+	}
 	sub, err := service.NewSubscriber(ctx, client, cfg.RewardsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, receiver(inbox))
 	if err != nil {
 		return nil, err
 	}
 
-	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping,
+	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping, "consumer": sc.Gate.Check,
 		"sqs " + cfg.RewardsQueue: service.QueueCheck(client, cfg.RewardsQueue)})
 	if err := api.Routes(r, pool, log, access); err != nil {
 		return nil, err

@@ -164,6 +164,11 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	}
 	sc := cfg.Subscriber
 	sc.Concurrency = cfg.Concurrency
+	if sc.Gate == nil {
+		if sc.Gate, err = service.DatabaseGate(pool, log); err != nil {
+			return nil, err
+		}
+	}
 	sub, err := service.NewSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleDelivery)
 	if err != nil {
 		return nil, err
@@ -176,7 +181,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		return nil, err
 	}
 
-	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping,
+	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping, "consumer": sc.Gate.Check,
 		"sqs " + cfg.PaymentsQueue: service.QueueCheck(client, cfg.PaymentsQueue),
 		"sqs " + cfg.RewardsQueue:  service.QueueCheck(client, cfg.RewardsQueue)})
 	srv.Routes(r)

@@ -1,0 +1,144 @@
+package sqstransport_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectively-once/payments-cashback/internal/faults"
+	"github.com/effectively-once/payments-cashback/internal/testenv"
+	"github.com/effectively-once/payments-cashback/pkg/outage"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+)
+
+// proxiedDB is a fresh database reached through a Toxiproxy proxy the test
+// can cut: the pool returned goes through it, direct does not.
+func proxiedDB(t *testing.T) (via, direct *pgxpool.Pool, px *faults.Proxy) {
+	t.Helper()
+	direct = testenv.DB(t)
+	fx := faults.New()
+	t.Cleanup(fx.Close)
+	via, px, err := fx.Postgres(context.Background(), "db-"+t.Name(), direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(via.Close)
+	if _, err := direct.Exec(context.Background(), `CREATE TABLE applied (event_id uuid PRIMARY KEY, receives int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return via, direct, px
+}
+
+// applyOnce is a handler whose effect is one row per event, written on db.
+func applyOnce(db *pgxpool.Pool) sqstransport.Handler {
+	return func(ctx context.Context, d sqstransport.Delivery) error {
+		_, err := db.Exec(ctx, `INSERT INTO applied VALUES ($1, $2) ON CONFLICT DO NOTHING`, d.Envelope.EventID, d.ReceiveCount)
+		return err
+	}
+}
+
+func gate(t *testing.T, db *pgxpool.Pool) *outage.Gate {
+	t.Helper()
+	g, err := outage.NewGate(outage.GateConfig{Name: "database", Probe: db.Ping, ProbeTimeout: time.Second,
+		ProbeBase: 50 * time.Millisecond, ProbeMax: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// A database outage several times longer than SQS needs to dead-letter a
+// failing message (here 0.1+0.2+0.4+0.4 s of backoff to the 5th receive)
+// moves nothing to the DLQ: the subscriber stops receiving and holds what
+// it has, readiness says why, and every message is applied once the
+// database is back, most of them on their first receive.
+func TestADatabaseOutageLongerThanTheRedeliveryScheduleDeadLettersNothing(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, dlq := testenv.Queue(t, c, 5, 2*time.Second)
+	via, direct, px := proxiedDB(t)
+	g := gate(t, via)
+	cfg := testConfig(q)
+	cfg.DLQURL, cfg.Gate, cfg.RetryBase, cfg.RetryMax, cfg.Visibility = dlq, g, 100*time.Millisecond, 400*time.Millisecond, 2*time.Second
+	start(t, c, cfg, applyOnce(via))
+
+	const n = 40
+	px.Cut()
+	for i := range n {
+		send(t, c, q, newEvent(t, i))
+	}
+	waitFor(t, 10*time.Second, "the gate to close", g.Closed)
+	if err := g.Check(context.Background()); err == nil {
+		t.Fatal("readiness passes during the outage; want it to fail")
+	}
+	time.Sleep(4 * time.Second) // > 3 times the dead-letter schedule
+	if v, _ := depth(t, c, dlq); v != 0 {
+		t.Fatalf("%d messages in the DLQ during the outage; want 0", v)
+	}
+	if err := px.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "every message applied", func() bool {
+		return countRows(t, direct, `SELECT count(*) FROM applied`) == n
+	})
+	waitEmpty(t, c, q, 10*time.Second)
+	if v, i := depth(t, c, dlq); v+i != 0 {
+		t.Fatalf("%d messages in the DLQ after the outage; want 0", v+i)
+	}
+	if g.Closed() || g.Check(context.Background()) != nil {
+		t.Fatal("the gate is still closed after the database came back")
+	}
+	worst := countRows(t, direct, `SELECT max(receives) FROM applied`)
+	t.Logf("%d messages applied after a 4 s outage; most receives any needed: %d", n, worst)
+	if worst > 2 {
+		t.Fatalf("a message needed %d receives; an outage should cost at most one", worst)
+	}
+}
+
+// The gate only holds back outages: a message whose handler fails while the
+// database answers (here a deadline that runs out, which looks like an
+// outage until the probe says otherwise) still reaches the DLQ after
+// maxReceiveCount receives, and the messages around it are applied.
+func TestAMessageFailingWhileTheDatabaseAnswersStillReachesTheDLQ(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, dlq := testenv.Queue(t, c, 3, 2*time.Second)
+	via, direct, _ := proxiedDB(t)
+	g := gate(t, via)
+	bad := newEvent(t, 999)
+	cfg := testConfig(q)
+	cfg.DLQURL, cfg.Gate, cfg.RetryBase, cfg.RetryMax = dlq, g, 100*time.Millisecond, 200*time.Millisecond
+	apply := applyOnce(via)
+	start(t, c, cfg, func(ctx context.Context, d sqstransport.Delivery) error {
+		if d.Envelope.EventID == bad.EventID {
+			return fmt.Errorf("slow query: %w", context.DeadlineExceeded)
+		}
+		return apply(ctx, d)
+	})
+	send(t, c, q, bad)
+	for i := range 5 {
+		send(t, c, q, newEvent(t, i))
+	}
+	waitFor(t, 30*time.Second, "the failing message to reach the DLQ", func() bool { v, _ := depth(t, c, dlq); return v == 1 })
+	waitFor(t, 30*time.Second, "the 5 healthy messages applied", func() bool {
+		return countRows(t, direct, `SELECT count(*) FROM applied`) == 5
+	})
+	if g.Closed() {
+		t.Fatal("the gate closed although the database answered")
+	}
+}
+
+func countRows(t testing.TB, db *pgxpool.Pool, sql string) int64 {
+	t.Helper()
+	var n *int64
+	if err := db.QueryRow(context.Background(), sql).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n == nil {
+		return 0
+	}
+	return *n
+}
