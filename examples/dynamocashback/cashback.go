@@ -162,7 +162,9 @@ func (a *App) Wallet(ctx context.Context, userID string) (balance, credits int64
 }
 
 func s(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
-func n(v int64) types.AttributeValue  { return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)} }
+func n(v int64) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
+}
 
 func num(v types.AttributeValue) int64 {
 	if m, ok := v.(*types.AttributeValueMemberN); ok {

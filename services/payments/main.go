@@ -61,10 +61,10 @@ type config struct {
 	StripeTimeout       time.Duration `env:"STRIPE_TIMEOUT" envDefault:"20s"`
 	// StripeMockFixtures: stripe-mock's fixture intents count as charged
 	// (local stacks and tests only; refused with a live key).
-	StripeMockFixtures bool `env:"STRIPE_MOCK_FIXTURES"`
-	LockTimeout         time.Duration `env:"IDEMPOTENCY_LOCK_TIMEOUT" envDefault:"1m"`
-	KeyTTL              time.Duration `env:"IDEMPOTENCY_KEY_TTL" envDefault:"24h"`
-	StartupWait         time.Duration `env:"STARTUP_WAIT" envDefault:"60s"`
+	StripeMockFixtures bool          `env:"STRIPE_MOCK_FIXTURES"`
+	LockTimeout        time.Duration `env:"IDEMPOTENCY_LOCK_TIMEOUT" envDefault:"1m"`
+	KeyTTL             time.Duration `env:"IDEMPOTENCY_KEY_TTL" envDefault:"24h"`
+	StartupWait        time.Duration `env:"STARTUP_WAIT" envDefault:"60s"`
 	// API clients and limits: PAYMENTS_API_KEYS ("name[/roles]:key,...",
 	// keys >= 32 bytes, an entry without roles has the role pay; required
 	// for the api and all roles), PAYMENTS_RATE_LIMIT,

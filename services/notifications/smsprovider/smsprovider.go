@@ -99,7 +99,7 @@ type Server struct {
 	order    []string       // keys in delivery order
 	seq      int
 	ctl      control
-	mux      *http.ServeMux // the sender's API
+	mux      *http.ServeMux      // the sender's API
 	sleep    func(time.Duration) // time.Sleep; tests may shorten it
 }
 

@@ -89,8 +89,8 @@ func NewStripe(cfg Config) *Stripe {
 		LeveledLogger:     slogAdapter{cfg.Logger},
 	})
 	return &Stripe{
-		intents: paymentintent.Client{B: backend, Key: cfg.APIKey},
-		refunds: refund.Client{B: backend, Key: cfg.APIKey},
+		intents:      paymentintent.Client{B: backend, Key: cfg.APIKey},
+		refunds:      refund.Client{B: backend, Key: cfg.APIKey},
 		method:       cfg.PaymentMethod,
 		mockFixtures: cfg.MockFixtures,
 	}
