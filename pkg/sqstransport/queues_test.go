@@ -231,3 +231,41 @@ func TestSQSOperations(t *testing.T) {
 		t.Errorf("source queue not empty: %v visible, %v in flight", a["ApproximateNumberOfMessages"], a["ApproximateNumberOfMessagesNotVisible"])
 	}
 }
+
+// A RedrivePolicy reads maxReceiveCount in both forms servers hand back:
+// the number AWS's documentation shows and moto returns, and the string
+// SQS takes on the way in and fauxqs echoes; and it writes the string.
+func TestRedrivePolicyReadsMaxReceiveCountAsNumberOrString(t *testing.T) {
+	const arn = "arn:aws:sqs:us-east-1:000000000000:q-dlq"
+	for _, raw := range []string{
+		`{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":5}`,
+		`{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":"5"}`,
+		`{"maxReceiveCount": 5 , "deadLetterTargetArn":"` + arn + `"}`,
+	} {
+		var p sqstransport.RedrivePolicy
+		if err := json.Unmarshal([]byte(raw), &p); err != nil {
+			t.Errorf("%s: %v", raw, err)
+			continue
+		}
+		if p.DeadLetterTargetArn != arn || p.MaxReceiveCount != "5" {
+			t.Errorf("%s read as %+v, want target %s and maxReceiveCount \"5\"", raw, p, arn)
+		}
+	}
+	for _, raw := range []string{
+		`{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":5.5}`,
+		`{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":true}`,
+		`{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":"five"}`,
+	} {
+		var p sqstransport.RedrivePolicy
+		if err := json.Unmarshal([]byte(raw), &p); err == nil {
+			t.Errorf("%s accepted as %+v, want an error", raw, p)
+		}
+	}
+	b, err := json.Marshal(sqstransport.RedrivePolicy{DeadLetterTargetArn: arn, MaxReceiveCount: "5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":"5"}`; string(b) != want {
+		t.Errorf("written as %s, want %s", b, want)
+	}
+}
