@@ -415,6 +415,14 @@ func SQS(t testing.TB) *sqs.Client {
 	return sq.client
 }
 
+// SQSEndpoint returns the endpoint URL of the server SQS's client talks to,
+// for tests that put something (a proxy, another client) in front of it.
+func SQSEndpoint(t testing.TB) string {
+	t.Helper()
+	SQS(t)
+	return sq.endpoint
+}
+
 func setupSQS() {
 	ep, from := lookup("AWS_ENDPOINT_URL_SQS")
 	if ep == "" {
