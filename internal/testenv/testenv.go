@@ -479,6 +479,11 @@ func setupSQS() {
 		if ep == "" {
 			ep, from = lookup("AWS_ENDPOINT_URL")
 		}
+		if from != "the environment" && root.env["SQS_SERVER"] == "moto" {
+			// SQS_SERVER=fauxqs asked of a stack whose server is moto:
+			// its AWS_ENDPOINT_URL is moto, so start a fauxqs here.
+			ep = ""
+		}
 		if ep == "" {
 			proc, started, err := startFauxqs()
 			if err != nil {
