@@ -16,7 +16,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/events"
 )
 
-// Scenario 16. The AWS CLI, the client operators use, as an outside client
+// Scenario 17. The AWS CLI, the client operators use, as an outside client
 // of the queues: two copies of a PaymentSucceeded that was already applied,
 // injected with `aws sqs send-message`, are duplicates (acked, nothing
 // applied again); a malformed body injected the same way is parked, and
