@@ -21,6 +21,7 @@ deps:
 	$(STACK) deps
 
 ## infra: start (or reuse) PostgreSQL, fauxqs and stripe-mock; writes .stack/env
+## (SQS_SERVER=moto: moto instead of fauxqs; WITH_MOTO=true: moto beside it)
 infra: deps
 	$(STACK) infra-up
 
@@ -29,11 +30,16 @@ down:
 	$(STACK) down
 
 ## test: all tests against a real stack: the unit and integration tests,
-## then the e2e suite. A stack this target brings up is stopped afterwards,
-## even when tests fail (the exit status is go test's); one already up from
-## `make infra` is reused and left running.
+## then the e2e suite, on fauxqs; and again on moto, a second, independent
+## SQS server, the SQS packages and the e2e scenarios about the queue
+## (scripts/test.sh; a summary table closes it). A stack this target brings
+## up is stopped afterwards, even when tests fail (the exit status is go
+## test's); one already up from `make infra` is reused and left running.
+SQS_PKGS      = ./pkg/sqstransport/ ./pkg/idempotent/inboxsqs/
+E2E_QUEUE_RUN = ^(TestRelayKilledAfterPublish|TestDeadLetteredCopyRedriven|TestPoisonMessagesAreParked|TestHostileMessagesAreParked|TestCopyOlderThanTheDedupeWindow|TestCopiesInjectedWithTheAWSCLI)
 test: deps
-	$(STACK) with sh -c '$(GO) test $(TEST_FLAGS) $(PKGS) && $(MAKE) --no-print-directory fuzz && $(GO) test $(E2E_FLAGS) ./e2e/...'
+	WITH_MOTO=true GO='$(GO)' PKGS='$(PKGS)' TEST_FLAGS='$(TEST_FLAGS)' E2E_FLAGS='$(E2E_FLAGS)' \
+		SQS_PKGS='$(SQS_PKGS)' E2E_QUEUE_RUN='$(E2E_QUEUE_RUN)' $(STACK) with scripts/test.sh
 
 ## fuzz: each fuzz target for FUZZTIME (default 8s; make test runs this):
 ## the envelope decoder and each consumer's payload decoding
@@ -47,7 +53,7 @@ fuzz:
 
 ## e2e: the duplicate / redrive / race / crash suite (e2e/), black-box against
 ## the four services it builds and starts on the local stack, stopped again
-## afterwards; E2E_STACK=compose runs it against `docker compose up` instead
+## afterwards; SQS_SERVER=moto runs it all on moto instead of fauxqs; E2E_STACK=compose runs it against `docker compose up` instead
 ## (scenarios that need process control are then skipped)
 ifeq ($(E2E_STACK),compose)
 e2e:

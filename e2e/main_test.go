@@ -20,6 +20,10 @@
 //	                 running ones) at the URLs in the environment; scenarios
 //	                 that need process control or test knobs are skipped.
 //
+// SQS_SERVER=moto (environment or .stack/env) runs the suite on the stack's
+// moto (MOTO_ENDPOINT_URL) instead of fauxqs; where the stack has none the
+// suite skips itself, saying why.
+//
 // Without a stack (no .stack/env, as in a plain `go test ./...`) the suite
 // skips itself. E2E_STORM_N sets the number of payments of the storm
 // (default 1000); SOAK_DURATION, SOAK_PAYMENTS and SOAK_SEED configure the
@@ -117,6 +121,12 @@ func setup(m *testing.M) (code int, err error) {
 			return 0, nil
 		}
 		if err != nil {
+			return 0, err
+		}
+		if skip, err := chooseSQSServer(s.env); err != nil || skip != "" {
+			if skip != "" {
+				fmt.Printf("e2e: skipped: %s\n", skip)
+			}
 			return 0, err
 		}
 		// Short long polls and visibility timeouts for the consumers. A
@@ -258,6 +268,37 @@ func setup(m *testing.M) (code int, err error) {
 	code = m.Run()
 	fmt.Printf("e2e: scenarios took %v\n", time.Since(t0).Round(time.Millisecond))
 	return code, nil
+}
+
+// chooseSQSServer points the suite and the services it starts at the SQS
+// server SQS_SERVER names (environment, then .stack/env): fauxqs, the
+// stack's AWS_ENDPOINT_URL, or moto, its MOTO_ENDPOINT_URL (scripts/stack.sh
+// with SQS_SERVER=moto or WITH_MOTO=true). Where the stack has no moto it
+// returns why, and the suite is skipped rather than run on another server.
+func chooseSQSServer(env map[string]string) (skip string, err error) {
+	server := os.Getenv("SQS_SERVER")
+	if server == "" {
+		server = env["SQS_SERVER"]
+	}
+	switch server {
+	case "", "fauxqs":
+		fmt.Printf("e2e: SQS server: fauxqs at %s\n", env["AWS_ENDPOINT_URL"])
+		return "", nil
+	case "moto":
+		ep := env["MOTO_ENDPOINT_URL"]
+		if ep == "" {
+			why := env["MOTO_UNAVAILABLE"]
+			if why == "" {
+				why = "the stack in .stack/env has no moto (start it with SQS_SERVER=moto or WITH_MOTO=true)"
+			}
+			return "SQS_SERVER=moto, but " + why, nil
+		}
+		env["SQS_SERVER"] = "moto"
+		env["AWS_ENDPOINT_URL"], env["AWS_ENDPOINT_URL_SQS"] = ep, ep
+		fmt.Printf("e2e: SQS server: moto at %s\n", ep)
+		return "", nil
+	}
+	return "", fmt.Errorf("SQS_SERVER=%q: want fauxqs or moto", server)
 }
 
 // readOnlyPool opens url with every transaction read only: the suite

@@ -43,10 +43,15 @@ func TestSecondReplicaGetsTheMessageWhileTheFirstStillHoldsItAndOnlyOneCredits(t
 	}
 
 	pipelineOnce(t, payID, 2400)
+	// Replica 2's own copy also outlives its visibility while it waits, so
+	// the server may hand the message out again, to either replica, before
+	// the deletes land: moto does (replica 2 received it twice and acked
+	// two duplicates), fauxqs in this timing does not. However many extra
+	// copies there are, each is a duplicate and only replica 1 applies.
 	eventually(t, 30*time.Second, func() (bool, string) {
 		a1 := metric(t, s.rewardsURL, "idempotent_messages_total", "consumer", "rewards", "outcome", "applied")
 		d2 := metric(t, l.URL("rewards-2"), "idempotent_messages_total", "consumer", "rewards", "outcome", "duplicate")
-		return a1 == 1 && d2 == 1, fmt.Sprintf("replica 1 applied %v, replica 2 saw %v duplicates; want 1 and 1", a1, d2)
+		return a1 == 1 && d2 >= 1, fmt.Sprintf("replica 1 applied %v, replica 2 saw %v duplicates; want 1 and at least 1", a1, d2)
 	})
 	if a2 := metric(t, l.URL("rewards-2"), "idempotent_messages_total", "consumer", "rewards", "outcome", "applied"); a2 != 0 {
 		t.Errorf("replica 2 applied %v messages, want 0", a2)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The local stack without Docker: PostgreSQL, fauxqs (SQS) and stripe-mock,
-# started from tools installed under .tools/, with state under .stack/.
+# The local stack without Docker: PostgreSQL, an SQS server (fauxqs, or moto)
+# and stripe-mock, started from tools installed under .tools/ (moto: from
+# the machine's python3), with state under .stack/.
 #
 #   scripts/stack.sh deps        install the tools into .tools/ (quick if there)
 #   scripts/stack.sh infra-up    start (or reuse) the servers, write .stack/env
@@ -12,7 +13,8 @@
 #   scripts/stack.sh restart-pg  pg_ctl restart of the throwaway cluster (exit
 #                                3 when DATABASE_URL is another server)
 #   scripts/stack.sh restart-sqs stop and start fauxqs on its port (exit 3
-#                                unless it runs with FAUXQS_PERSISTENCE=true)
+#                                unless it runs with FAUXQS_PERSISTENCE=true;
+#                                always 3 for moto, which keeps nothing)
 #
 # Settings (environment):
 #   DATABASE_URL      use this PostgreSQL server (its maintenance db URL);
@@ -20,7 +22,17 @@
 #                     machine's initdb/pg_ctl on a free 127.0.0.1 port
 #   PG_BINDIR         where initdb/pg_ctl live (default: newest
 #                     /usr/lib/postgresql/*/bin, else PATH)
-#   SQS_PORT          fauxqs port (default 4566)
+#   SQS_SERVER        fauxqs (default) or moto: the SQS server started on
+#                     SQS_PORT, which .stack/env's AWS_ENDPOINT_URL names.
+#                     An AWS_ENDPOINT_URL already in the environment is
+#                     ignored: the stack always runs its own server, and
+#                     `with` runs CMD with .stack/env's value
+#   SQS_PORT          that server's port (default 4566)
+#   WITH_MOTO         true: also start moto beside fauxqs (on MOTO_PORT,
+#                     default a free port), with the same queues, and write
+#                     MOTO_ENDPOINT_URL; make test runs the SQS tests on
+#                     both servers this way. With SQS_SERVER=moto,
+#                     MOTO_ENDPOINT_URL is AWS_ENDPOINT_URL
 #   FAUXQS_PERSISTENCE  true: fauxqs keeps its queues and messages (ready and
 #                     in flight) in SQLite under .stack/sqs, so a restart
 #                     loses nothing, as with SQS; default: in memory
@@ -51,6 +63,14 @@ FAUXQS_APP=$NPM_DIR/node_modules/fauxqs/dist/app.js
 STRIPE_MOCK=$TOOLS/bin/stripe-mock
 
 SQS_PORT=${SQS_PORT:-4566}
+SQS_SERVER=${SQS_SERVER:-fauxqs}
+case $SQS_SERVER in
+fauxqs | moto) ;;
+*)
+	printf 'stack: error: SQS_SERVER=%s: want fauxqs or moto\n' "$SQS_SERVER" >&2
+	exit 2
+	;;
+esac
 STRIPE_MOCK_PORT=${STRIPE_MOCK_PORT:-12111}
 
 # fauxqs is started through its library API, not its CLI: the CLI hard-codes
@@ -357,11 +377,80 @@ ensure_fauxqs() {
 	wait_up "fauxqs" 30 "$(<"$PIDS/fauxqs.pid")" "$LOGS/fauxqs.log" fauxqs_healthy "$port"
 }
 
+# moto: a second, independent SQS implementation (Python), for running the
+# same tests on two servers. Its SQS keeps everything in memory.
+moto_healthy() { [[ $(http_status "http://127.0.0.1:$1/moto-api/") == 200 ]]; }
+
+# moto_python sets MOTO_PY to a python3 that can import moto.server, or
+# MOTO_WHY to why there is none, and fails.
+moto_python() {
+	MOTO_PY= MOTO_WHY=
+	if ! MOTO_PY=$(command -v python3); then
+		MOTO_WHY="there is no python3 on PATH (moto runs on it: pip install 'moto[server]')"
+		return 1
+	fi
+	if ! "$MOTO_PY" -c 'import moto.server' 2>/dev/null; then
+		MOTO_WHY="$MOTO_PY cannot import moto.server (pip install 'moto[server]')"
+		return 1
+	fi
+}
+
+# ensure_moto PORT: start (or reuse) moto on 127.0.0.1:PORT.
+ensure_moto() {
+	local port=$1
+	if recorded_pid moto moto.server >/dev/null && [[ $(recorded_port moto) == "$port" ]] && moto_healthy "$port"; then
+		log "moto: reusing the one on port $port"
+		return
+	fi
+	stop_recorded moto moto.server
+	moto_python || die "SQS_SERVER=moto, but $MOTO_WHY"
+	port_in_use "$port" && die "port $port (moto) is already in use by a process this script did not start: stop it, or choose another port (SQS_PORT, MOTO_PORT)"
+	log "moto: starting on port $port"
+	start_bg moto "$port" "$MOTO_PY" -m moto.server -H 127.0.0.1 -p "$port"
+	wait_up "moto" 60 "$(<"$PIDS/moto.pid")" "$LOGS/moto.log" moto_healthy "$port"
+}
+
+# ensure_sqs starts the servers SQS_SERVER and WITH_MOTO ask for and sets
+# SQS_URL (AWS_ENDPOINT_URL) and MOTO_URL (MOTO_ENDPOINT_URL, or empty);
+# where WITH_MOTO cannot start moto, MOTO_WHY says why (the moto runs are
+# then skipped with it, not failed).
+ensure_sqs() {
+	MOTO_URL= MOTO_WHY=
+	if [[ $SQS_SERVER == moto ]]; then
+		stop_recorded fauxqs fauxqs # a fauxqs of an earlier run on SQS_PORT
+		ensure_moto "$SQS_PORT"
+		SQS_URL=http://127.0.0.1:$SQS_PORT
+		MOTO_URL=$SQS_URL
+		return
+	fi
+	if [[ $(recorded_port moto) == "$SQS_PORT" ]]; then stop_recorded moto moto.server; fi
+	ensure_fauxqs
+	SQS_URL=http://127.0.0.1:$SQS_PORT
+	if [[ ${WITH_MOTO:-false} == true ]] && ! moto_python; then
+		log "moto: not started: $MOTO_WHY; the moto runs will be skipped"
+		stop_recorded moto moto.server
+	elif [[ ${WITH_MOTO:-false} == true ]]; then
+		local port=${MOTO_PORT:-}
+		if [[ -z $port ]]; then
+			port=$(recorded_port moto)
+			if [[ -z $port ]] || ! recorded_pid moto moto.server >/dev/null; then port=$(free_port); fi
+		fi
+		ensure_moto "$port"
+		MOTO_URL=http://127.0.0.1:$port
+	else
+		stop_recorded moto moto.server
+	fi
+}
+
 # restart-sqs: what a restart of SQS looks like. Only honest with
 # persistence: fauxqs in memory would drop every message, which SQS never
 # does.
 cmd_restart_sqs() {
 	local port persist
+	if [[ $(recorded_port moto) == "$SQS_PORT" ]] && recorded_pid moto moto.server >/dev/null; then
+		log "the SQS server is moto, which keeps its messages in memory only: a restart would lose them, unlike SQS; not restarting"
+		exit 3
+	fi
 	port=$(recorded_port fauxqs)
 	recorded_pid fauxqs fauxqs >/dev/null || die "fauxqs is not running from this stack"
 	persist=$(cat "$PIDS/fauxqs.persistence" 2>/dev/null || echo false)
@@ -432,13 +521,16 @@ cmd_infra_up() {
 	mkdir -p "$PIDS" "$LOGS"
 	ensure_postgres
 	create_databases
-	ensure_fauxqs
+	ensure_sqs
 	ensure_stripe_mock
 
-	local sqs_url=http://127.0.0.1:$SQS_PORT
-	log "creating queues"
-	(cd "$ROOT" && AWS_ENDPOINT_URL=$sqs_url AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test \
-		go run ./cmd/queues >/dev/null) || die "creating the queues failed (go run ./cmd/queues)"
+	local sqs_url=$SQS_URL url urls=("$SQS_URL")
+	[[ -n $MOTO_URL && $MOTO_URL != "$SQS_URL" ]] && urls+=("$MOTO_URL")
+	for url in "${urls[@]}"; do
+		log "creating queues on $url"
+		(cd "$ROOT" && AWS_ENDPOINT_URL=$url AWS_ENDPOINT_URL_SQS=$url AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test \
+			go run ./cmd/queues >/dev/null) || die "creating the queues on $url failed (go run ./cmd/queues)"
+	done
 
 	# The payments API's dev client key: made once per stack, kept in
 	# .stack/api-key so restarted services and clients agree on it.
@@ -459,7 +551,10 @@ cmd_infra_up() {
 		env_line PAYMENTS_DATABASE_URL "$(with_db "$ADMIN_URL" payments)"
 		env_line REWARDS_DATABASE_URL "$(with_db "$ADMIN_URL" rewards)"
 		env_line NOTIFICATIONS_DATABASE_URL "$(with_db "$ADMIN_URL" notifications)"
+		env_line SQS_SERVER "$SQS_SERVER"
 		env_line AWS_ENDPOINT_URL "$sqs_url"
+		if [[ -n $MOTO_URL ]]; then env_line MOTO_ENDPOINT_URL "$MOTO_URL"; fi
+		if [[ -n $MOTO_WHY ]]; then env_line MOTO_UNAVAILABLE "$MOTO_WHY"; fi
 		env_line AWS_REGION us-east-1
 		env_line AWS_ACCESS_KEY_ID test
 		env_line AWS_SECRET_ACCESS_KEY test
@@ -495,6 +590,7 @@ cmd_infra_up() {
 cmd_down() {
 	stop_recorded stripe-mock stripe-mock
 	stop_recorded fauxqs fauxqs
+	stop_recorded moto moto.server
 	stop_postgres
 	rm -f "$STACK/env"
 }

@@ -6,8 +6,9 @@
 // -source and -dest are queue names or URLs; -dest defaults to the source's
 // name minus "-dlq". Without -max it moves what the DLQ holds when it
 // starts, through StartMessageMoveTask where the server has it (AWS,
-// LocalStack) and otherwise by receive → send (same body and attributes,
-// minus park_*) → delete, 10 at a time (fauxqs); -max N moves at most N,
+// LocalStack; that path is tested against replayed SQS responses only) and
+// otherwise by receive → send (same body and attributes, minus park_*) →
+// delete, 10 at a time (fauxqs, moto); -max N moves at most N,
 // always the second way. Redriven copies get a new SQS MessageId and keep
 // their event_id, so consumers apply each event at most once whatever
 // happened before (see pkg/sqstransport.Redrive).

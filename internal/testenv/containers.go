@@ -102,6 +102,9 @@ func useContainers() (bool, string) {
 		if ep, _ := lookup("AWS_ENDPOINT_URL"); ep != "" {
 			return false, "AWS_ENDPOINT_URL is set"
 		}
+		if srv, _ := lookup("SQS_SERVER"); srv != "" {
+			return false, "SQS_SERVER is set"
+		}
 	}
 	if !DockerAvailable() {
 		return false, "no Docker engine (" + docker.err.Error() + ")"

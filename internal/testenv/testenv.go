@@ -13,10 +13,15 @@
 //   - PostgreSQL: DATABASE_URL; else DATABASE_URL from .stack/env at the repo
 //     root; else a throwaway cluster (initdb + postgres from the machine's
 //     PostgreSQL binaries, in a temp dir) started once per test process.
-//   - SQS: AWS_ENDPOINT_URL_SQS or AWS_ENDPOINT_URL; else AWS_ENDPOINT_URL
-//     from .stack/env; else fauxqs from .tools/npm (scripts/stack.sh deps),
-//     started once per test process on a free port. The endpoint must be a
-//     loopback address: tests never talk to real AWS.
+//   - SQS: SQS_SERVER (environment, then .stack/env) picks the server,
+//     fauxqs (default) or moto.
+//     fauxqs: AWS_ENDPOINT_URL_SQS or AWS_ENDPOINT_URL; else
+//     AWS_ENDPOINT_URL from .stack/env; else fauxqs from .tools/npm
+//     (scripts/stack.sh deps), started once per test process on a free port.
+//     moto: MOTO_ENDPOINT_URL (environment, then .stack/env), whatever
+//     AWS_ENDPOINT_URL says; else `python3 -m moto.server` started once per
+//     test process; where moto is missing the SQS tests skip, saying why.
+//     The endpoint must be a loopback address: tests never talk to real AWS.
 //
 // Packages that use it call Main from TestMain, so that whatever this package
 // started is stopped when the tests end:
@@ -397,43 +402,103 @@ var sq struct {
 	endpoint string
 	client   *sqs.Client
 	proc     *child // non-nil if we started fauxqs
-	err      error
+	err      error  // misconfigured: the test fails with it
+	skip     error  // the chosen server cannot run here: the test is skipped with it
 }
 
 // SQS returns a client for the test SQS server (see the package doc for
 // where it comes from). Static test credentials and region us-east-1 are
-// used whatever the environment says. If the endpoint came from .stack/env
-// or a fauxqs started here, AWS_ENDPOINT_URL is also set in this process's
-// environment, so code under test that builds its own client with
-// sqstransport.NewClient reaches the same server.
+// used whatever the environment says. If the endpoint came from .stack/env,
+// a server started here or SQS_SERVER=moto, this process's AWS_ENDPOINT_URL
+// (and, for moto, AWS_ENDPOINT_URL_SQS) is pointed at it too, so code under
+// test that builds its own client with sqstransport.NewClient reaches the
+// same server.
+//
+// SQS_SERVER (environment, then .stack/env) names the server: fauxqs (the
+// default) or moto. With moto the test is skipped, with the reason, where
+// moto cannot run; it never falls back to fauxqs.
 func SQS(t testing.TB) *sqs.Client {
 	t.Helper()
 	sq.once.Do(setupSQS)
+	if sq.skip != nil {
+		t.Skipf("testenv: %v", sq.skip)
+	}
 	if sq.err != nil {
 		t.Fatalf("testenv: %v", sq.err)
 	}
 	return sq.client
 }
 
+// SQSEndpoint returns the endpoint URL of the server SQS's client talks to,
+// for tests that put something (a proxy, another client) in front of it.
+func SQSEndpoint(t testing.TB) string {
+	t.Helper()
+	SQS(t)
+	return sq.endpoint
+}
+
+// SQSServer is the SQS server the tests run on: "fauxqs" or "moto", from
+// SQS_SERVER (environment, then .stack/env; default fauxqs).
+func SQSServer() (string, error) {
+	name, from := lookup("SQS_SERVER")
+	switch name {
+	case "":
+		return "fauxqs", nil
+	case "fauxqs", "moto":
+		return name, nil
+	}
+	return "", fmt.Errorf("SQS_SERVER=%q (from %s): want fauxqs or moto", name, from)
+}
+
 func setupSQS() {
-	ep, from := lookup("AWS_ENDPOINT_URL_SQS")
-	if ep == "" {
-		ep, from = lookup("AWS_ENDPOINT_URL")
-	}
-	if ep == "" {
-		proc, started, err := startFauxqs()
-		if err != nil {
-			sq.err = err
-			return
-		}
-		sq.proc, ep, from = proc, started, "fauxqs started by testenv"
-	}
-	if err := requireLoopback(ep); err != nil {
-		sq.err = fmt.Errorf("SQS endpoint %q (from %s): %w: tests never talk to real AWS", ep, from, err)
+	server, err := SQSServer()
+	if err != nil {
+		sq.err = err
 		return
 	}
-	if os.Getenv("AWS_ENDPOINT_URL") == "" && os.Getenv("AWS_ENDPOINT_URL_SQS") == "" {
-		_ = os.Setenv("AWS_ENDPOINT_URL", ep)
+	var ep, from string
+	if server == "moto" {
+		// SQS_SERVER=moto wins over AWS_ENDPOINT_URL: a stack started for
+		// both servers (make test) has AWS_ENDPOINT_URL on fauxqs and
+		// MOTO_ENDPOINT_URL on moto.
+		if err := MotoAvailable(); err != nil {
+			sq.skip = fmt.Errorf("SQS_SERVER=moto, but moto is unavailable: %w", err)
+			return
+		}
+		ep, from = mt.endpoint, "moto (SQS_SERVER=moto)"
+		if err := requireLoopback(ep); err != nil {
+			sq.err = fmt.Errorf("SQS endpoint %q (from %s): %w: tests never talk to real AWS", ep, from, err)
+			return
+		}
+		_ = os.Setenv("AWS_ENDPOINT_URL_SQS", ep)
+		if os.Getenv("AWS_ENDPOINT_URL") == "" {
+			_ = os.Setenv("AWS_ENDPOINT_URL", ep)
+		}
+	} else {
+		ep, from = lookup("AWS_ENDPOINT_URL_SQS")
+		if ep == "" {
+			ep, from = lookup("AWS_ENDPOINT_URL")
+		}
+		if from != "the environment" && root.env["SQS_SERVER"] == "moto" {
+			// SQS_SERVER=fauxqs asked of a stack whose server is moto:
+			// its AWS_ENDPOINT_URL is moto, so start a fauxqs here.
+			ep = ""
+		}
+		if ep == "" {
+			proc, started, err := startFauxqs()
+			if err != nil {
+				sq.err = err
+				return
+			}
+			sq.proc, ep, from = proc, started, "fauxqs started by testenv"
+		}
+		if err := requireLoopback(ep); err != nil {
+			sq.err = fmt.Errorf("SQS endpoint %q (from %s): %w: tests never talk to real AWS", ep, from, err)
+			return
+		}
+		if os.Getenv("AWS_ENDPOINT_URL") == "" && os.Getenv("AWS_ENDPOINT_URL_SQS") == "" {
+			_ = os.Setenv("AWS_ENDPOINT_URL", ep)
+		}
 	}
 	sq.endpoint = ep
 	sq.client = sqs.New(sqs.Options{

@@ -14,6 +14,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 )
 
 func TestMain(m *testing.M) { Main(m) }
@@ -201,5 +203,50 @@ func TestMotoServesSQS(t *testing.T) {
 	b, _ := io.ReadAll(r2.Body)
 	if r2.StatusCode != http.StatusOK || !strings.Contains(string(b), "moto-probe") {
 		t.Fatalf("CreateQueue on moto: %d %s", r2.StatusCode, b)
+	}
+}
+
+// SQS talks to the server SQS_SERVER names and no other: on moto its
+// endpoint is MotoEndpoint's and answers moto's /moto-api/, on fauxqs it
+// answers fauxqs's /health; and code under test that builds its own client
+// from AWS_ENDPOINT_URL[_SQS] reaches the same server.
+func TestSQSIsTheServerSQSServerNames(t *testing.T) {
+	server, err := SQSServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := SQSEndpoint(t)
+	probe := map[string]string{"moto": "/moto-api/", "fauxqs": "/health"}[server]
+	resp, err := http.Get(ep + probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("SQS_SERVER=%s, endpoint %s: GET %s = %d, want 200 (is it %s?)", server, ep, probe, resp.StatusCode, server)
+	}
+	if server == "moto" && ep != MotoEndpoint(t) {
+		t.Errorf("SQS_SERVER=moto: SQS endpoint %s, MotoEndpoint %s", ep, MotoEndpoint(t))
+	}
+	c, err := sqstransport.NewClient(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, _ := Queue(t, SQS(t), 5, time.Second)
+	name := q[strings.LastIndex(q, "/")+1:]
+	if _, err := c.GetQueueUrl(context.Background(), &sqs.GetQueueUrlInput{QueueName: aws.String(name)}); err != nil {
+		t.Errorf("a client from the environment does not see the queue SQS made: %v", err)
+	}
+}
+
+// SQS_SERVER accepts fauxqs and moto, defaults to fauxqs, and rejects
+// anything else by name rather than running on a server nobody asked for.
+func TestSQSServerValues(t *testing.T) {
+	for v, want := range map[string]string{"fauxqs": "fauxqs", "moto": "moto", "localstack": "", "Moto": ""} {
+		t.Setenv("SQS_SERVER", v)
+		got, err := SQSServer()
+		if got != want || (want == "") != (err != nil) {
+			t.Errorf("SQS_SERVER=%s: %q, %v; want %q", v, got, err, want)
+		}
 	}
 }

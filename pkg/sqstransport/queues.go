@@ -24,10 +24,42 @@ const DLQSuffix = "-dlq"
 const retention = 14 * 24 * time.Hour
 
 // RedrivePolicy is the JSON shape of the RedrivePolicy queue attribute.
-// SQS encodes maxReceiveCount as a string.
+//
+// maxReceiveCount comes in two forms: SQS takes it as a string when the
+// attribute is set, but GetQueueAttributes hands it back as a JSON number
+// (AWS's own examples show {"maxReceiveCount":5}; moto does the same), while
+// fauxqs echoes the string it was given. Unmarshalling accepts either form
+// (a whole number from 1 to 1000) and keeps it in MaxReceiveCount as
+// decimal text; marshalling writes the string, which every server takes.
 type RedrivePolicy struct {
 	DeadLetterTargetArn string `json:"deadLetterTargetArn"`
 	MaxReceiveCount     string `json:"maxReceiveCount"`
+}
+
+// UnmarshalJSON reads maxReceiveCount as a number or a string.
+func (p *RedrivePolicy) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		DeadLetterTargetArn string          `json:"deadLetterTargetArn"`
+		MaxReceiveCount     json.RawMessage `json:"maxReceiveCount"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	n := string(raw.MaxReceiveCount)
+	if len(n) > 0 && n[0] == '"' {
+		if err := json.Unmarshal(raw.MaxReceiveCount, &n); err != nil {
+			return err
+		}
+	}
+	if len(raw.MaxReceiveCount) > 0 {
+		v, err := strconv.Atoi(n)
+		if err != nil || v < 1 || v > 1000 {
+			return fmt.Errorf("sqstransport: RedrivePolicy maxReceiveCount %s: want a whole number 1..1000, as a number or a string", raw.MaxReceiveCount)
+		}
+		n = strconv.Itoa(v)
+	}
+	*p = RedrivePolicy{DeadLetterTargetArn: raw.DeadLetterTargetArn, MaxReceiveCount: n}
+	return nil
 }
 
 // EnsureQueue makes sure the standard queue name and its dead-letter queue

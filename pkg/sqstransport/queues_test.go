@@ -231,3 +231,95 @@ func TestSQSOperations(t *testing.T) {
 		t.Errorf("source queue not empty: %v visible, %v in flight", a["ApproximateNumberOfMessages"], a["ApproximateNumberOfMessagesNotVisible"])
 	}
 }
+
+// A RedrivePolicy reads maxReceiveCount in both forms servers hand back:
+// the number AWS's documentation shows and moto returns, and the string
+// SQS takes on the way in and fauxqs echoes; and it writes the string.
+func TestRedrivePolicyReadsMaxReceiveCountAsNumberOrString(t *testing.T) {
+	const arn = "arn:aws:sqs:us-east-1:000000000000:q-dlq"
+	for _, raw := range []string{
+		`{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":5}`,
+		`{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":"5"}`,
+		`{"maxReceiveCount": 5 , "deadLetterTargetArn":"` + arn + `"}`,
+	} {
+		var p sqstransport.RedrivePolicy
+		if err := json.Unmarshal([]byte(raw), &p); err != nil {
+			t.Errorf("%s: %v", raw, err)
+			continue
+		}
+		if p.DeadLetterTargetArn != arn || p.MaxReceiveCount != "5" {
+			t.Errorf("%s read as %+v, want target %s and maxReceiveCount \"5\"", raw, p, arn)
+		}
+	}
+	for _, raw := range []string{
+		`{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":5.5}`,
+		`{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":true}`,
+		`{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":"five"}`,
+	} {
+		var p sqstransport.RedrivePolicy
+		if err := json.Unmarshal([]byte(raw), &p); err == nil {
+			t.Errorf("%s accepted as %+v, want an error", raw, p)
+		}
+	}
+	b, err := json.Marshal(sqstransport.RedrivePolicy{DeadLetterTargetArn: arn, MaxReceiveCount: "5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":"5"}`; string(b) != want {
+		t.Errorf("written as %s, want %s", b, want)
+	}
+}
+
+// Two more things the transport relies on, probed on the test server: a
+// long poll waits for a message that arrives while it waits (and an empty
+// one waits its whole WaitTimeSeconds instead of returning at once), and
+// ApproximateNumberOfMessages / ...NotVisible count a backlog and what is in
+// flight, which Redrive and the operators' backlog checks read.
+func TestLongPollWaitsForAMessageAndTheApproximateCountsSeeTheBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testenv.SQS(t)
+	q, _ := testenv.Queue(t, c, 5, 30*time.Second)
+
+	t0 := time.Now()
+	out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(q), WaitTimeSeconds: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Messages) != 0 || time.Since(t0) < 900*time.Millisecond {
+		t.Errorf("empty long poll of 1s: %d messages after %v; want none after about 1s", len(out.Messages), time.Since(t0))
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_, _ = c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(q), MessageBody: aws.String("late")})
+	}()
+	t0 = time.Now()
+	out, err = c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(q), WaitTimeSeconds: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Messages) != 1 || aws.ToString(out.Messages[0].Body) != "late" || time.Since(t0) > 8*time.Second {
+		t.Fatalf("long poll of 10s with a message sent after 0.3s: %d messages after %v; want it, well before 10s", len(out.Messages), time.Since(t0))
+	}
+	_, _ = c.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(q), ReceiptHandle: out.Messages[0].ReceiptHandle})
+
+	for i := range 3 {
+		if _, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(q), MessageBody: aws.String(strconv.Itoa(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counts := func() (visible, inFlight string) {
+		a := attrs(t, c, q)
+		return a["ApproximateNumberOfMessages"], a["ApproximateNumberOfMessagesNotVisible"]
+	}
+	if v, f := counts(); v != "3" || f != "0" {
+		t.Errorf("3 sent: ApproximateNumberOfMessages %s, ...NotVisible %s; want 3 and 0", v, f)
+	}
+	got, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(q), MaxNumberOfMessages: 2, VisibilityTimeout: 30})
+	if err != nil || len(got.Messages) != 2 {
+		t.Fatalf("receive 2: %d messages, %v", len(got.Messages), err)
+	}
+	if v, f := counts(); v != "1" || f != "2" {
+		t.Errorf("2 of 3 in flight: ApproximateNumberOfMessages %s, ...NotVisible %s; want 1 and 2", v, f)
+	}
+}

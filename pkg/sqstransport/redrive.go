@@ -29,11 +29,18 @@ const ParkAttributePrefix = "park_"
 //
 // It first asks the server for a message move task (StartMessageMoveTask,
 // as the SQS console's "redrive" does) and waits for it to finish. Servers
-// that do not implement it (fauxqs answers InvalidAction) get the manual
+// that do not implement it (fauxqs answers InvalidAction, moto an HTML 500
+// page; see unsupported for every answer taken to mean so) get the manual
 // path instead: receive from the DLQ, SendMessageBatch the same bodies and
 // message attributes (minus the park_* ones) to destURL, then delete from
 // the DLQ what was sent, 10 at a time. A crash between send and delete
 // leaves a copy in both queues, which the consumer deduplicates.
+//
+// The move-task path has run against no real server: neither server the
+// tests run on (fauxqs, moto) implements StartMessageMoveTask, and AWS and
+// LocalStack cannot run there. It is tested only against a replay of the
+// responses SQS documents for it (movetask_test.go); the manual path is the
+// one every test server exercises.
 //
 // max > 0 moves at most max messages, which a move task cannot bound, so it
 // always takes the manual path. max <= 0 moves what the DLQ held when
@@ -112,18 +119,46 @@ func moveTask(ctx context.Context, c *sqs.Client, dlqURL, destURL string) (int, 
 }
 
 // unsupported reports whether err says the server does not implement the
-// operation (fauxqs: InvalidAction; others: UnsupportedOperation, 501).
+// operation, in any of the ways servers say it:
+//   - an error code naming an unknown or unsupported operation (fauxqs:
+//     InvalidAction; AWS: UnsupportedOperation, sent with the legacy
+//     "AWS.SimpleQueueService." prefix in x-amzn-query-error), at any status;
+//   - a 400, 404, 405 or 501 whose body is no SQS error (plain text, HTML,
+//     empty), and any 501;
+//   - a 500 whose body is no SQS error: moto answers an operation it lacks
+//     with an HTML "500 Internal Server Error" page.
+//
+// A real SQS error about the request (QueueDoesNotExist, AccessDenied, a
+// JSON InternalError, ...) is not "unsupported": Redrive returns it rather
+// than hide it behind the manual path.
 func unsupported(err error) bool {
+	status := 0
+	var re *smithyhttp.ResponseError
+	if errors.As(err, &re) {
+		status = re.HTTPStatusCode()
+	}
 	var api smithy.APIError
 	if errors.As(err, &api) {
-		switch code := api.ErrorCode(); {
-		case code == "InvalidAction", code == "UnsupportedOperation", code == "NotImplemented",
-			code == "UnknownOperationException", strings.HasSuffix(code, ".UnsupportedOperation"):
+		code := api.ErrorCode()
+		switch code[strings.LastIndex(code, ".")+1:] {
+		case "InvalidAction", "UnsupportedOperation", "NotImplemented", "UnknownOperation", "UnknownOperationException":
 			return true
+		case "UnknownError", "":
+			// The SDK's name for a body without an error type: not an SQS
+			// error, so the status decides below.
+		default:
+			return status == http.StatusNotImplemented
 		}
 	}
-	var re *smithyhttp.ResponseError
-	return errors.As(err, &re) && re.HTTPStatusCode() == http.StatusNotImplemented
+	if status == 0 {
+		return false // no HTTP answer at all (network, context): not a verdict on the API
+	}
+	switch status {
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed,
+		http.StatusNotImplemented, http.StatusInternalServerError:
+		return true
+	}
+	return false
 }
 
 func queueARN(ctx context.Context, c *sqs.Client, url string) (string, error) {
