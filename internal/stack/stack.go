@@ -420,11 +420,19 @@ func (l *Local) StartAs(name, baseName string, env ...string) error {
 	}
 	l.mu.Lock()
 	if p, ok := l.procs[name]; ok {
-		l.mu.Unlock()
-		if p.base != baseName || !slices.Equal(p.identity, env) {
-			return fmt.Errorf("stack: StartAs %q: that name is already %s with env %q", name, p.base, p.identity)
+		if p.base == baseName && slices.Equal(p.identity, env) {
+			l.mu.Unlock()
+			return l.Start(name) // same replica again
 		}
-		return l.Start(name) // same replica again
+		// Another scenario's replica of the same name: its settings may be
+		// replaced once it has stopped, never while it runs.
+		if p.cur != nil && !p.cur.exited() {
+			l.mu.Unlock()
+			return fmt.Errorf("stack: StartAs %q: that name is running as %s with env %q", name, p.base, p.identity)
+		}
+		p.base, p.identity = baseName, slices.Clone(env)
+		l.mu.Unlock()
+		return l.start(context.Background(), name, true, nil)
 	}
 	l.procs[name] = &proc{name: name, base: baseName, identity: slices.Clone(env)}
 	l.mu.Unlock()

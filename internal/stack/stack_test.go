@@ -271,6 +271,19 @@ func TestLocal(t *testing.T) {
 		t.Fatalf("payments-relay came back on port %d, want %d", l.Port("payments-relay"), relayPort)
 	}
 
+	// A running replica's name is taken; once it is stopped, a later
+	// scenario may reuse the name with other settings.
+	if err := l.StartAs("rewards-2", Rewards, "LOG_LEVEL=debug"); err == nil || !strings.Contains(err.Error(), "running") {
+		t.Fatalf("StartAs of a running name with another env = %v, want refused", err)
+	}
+	if err := l.Stop("rewards-2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StartAs("rewards-2", Rewards, "LOG_LEVEL=debug"); err != nil {
+		t.Fatalf("StartAs of a stopped name with another env: %v", err)
+	}
+	requireReady(t, l, "rewards-2")
+
 	// A process that dies on start: the error carries its log.
 	if err := l.Kill(Notifications); err != nil {
 		t.Fatal(err)
