@@ -64,7 +64,7 @@ e2e: deps
 endif
 
 ## demo: the whole stack without Docker (PostgreSQL, fauxqs, stripe-mock, the
-## dev SMS provider, the three services), the ₹1,200 story of DESIGN.md with
+## dev SMS provider, the three services), the ₹1,200 story of docs/design.md with
 ## its event delivered three times, a table of what happened; then the stack
 ## stays up for exploring until Ctrl-C, which stops everything it started
 demo: deps

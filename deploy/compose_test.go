@@ -24,7 +24,7 @@ func TestComposeFileBuildsChecksHealthAndStartsInOrder(t *testing.T) {
 		t.Error(err)
 	}
 
-	// The whole stack of DESIGN.md, on its default ports.
+	// The whole stack on the default ports of docs/design.md ("Ports and the local stack").
 	want := map[string]string{"postgres": "5432", "localstack": "4566", "stripe-mock": "12111", "smsprovider": "8090",
 		"payments": "8081", "rewards": "8082", "notifications": "8083", "jaeger": "16686"}
 	for name, port := range want {

@@ -44,7 +44,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 )
 
-// The story (DESIGN.md).
+// The story of docs/design.md ("The story").
 const (
 	userID        = "u_17"
 	amountPaise   = 120000 // ₹1,200

@@ -147,7 +147,7 @@ func (c *ProcessorConfig) defaults(in *Inbox) {
 //   - order is among the rows present: a row that arrives after a later row
 //     of its key was already applied (a v1 stored after v2 is DONE) is still
 //     applied, late. The inbox cannot un-apply v2, so the handler's version
-//     check (a versioned write, rule 5) must make the stale v1 a no-op.
+//     check (a versioned write, rule 5 of docs/design.md) must make the stale v1 a no-op.
 //     ReorderWindow narrows that case for events that arrive close together.
 //
 // # Claims

@@ -30,7 +30,7 @@ const (
 // Kinds lists every kind, for configuration.
 var Kinds = []string{KindCashback, KindCashbackReversed}
 
-// Key is the provider idempotency key of the SMS for an event (rule 6):
+// Key is the provider idempotency key of the SMS for an event (rule 6, docs/design.md):
 // derived from the event id, so every attempt, by any sender, after any
 // crash, carries the same one.
 func Key(eventID uuid.UUID) string { return "sms:" + eventID.String() }

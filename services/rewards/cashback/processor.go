@@ -29,11 +29,11 @@ const (
 	// Credited: a new credit, a wallet credit and a CashbackCredited event.
 	Credited Result = "credited"
 	// DuplicatePayment: the payment was already credited under another
-	// event id (rule 3). Nothing changed; the dedupe row commits and the
+	// event id (rule 3, docs/design.md). Nothing changed; the dedupe row commits and the
 	// message is acked.
 	DuplicatePayment Result = "duplicate_payment"
 	// IgnoredAfterRefund: a PaymentSucceeded for a payment already seen
-	// REFUNDED at the same or a later version (rule 5). Nothing changed.
+	// REFUNDED at the same or a later version (rule 5, docs/design.md). Nothing changed.
 	IgnoredAfterRefund Result = "ignored_after_refund"
 	// Reversed: the credit was reversed, the wallet debited and a
 	// CashbackReversed event written.
@@ -193,7 +193,7 @@ func credit(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPayloa
 		}
 	}
 
-	rate, err := RateAt(ctx, tx, e.OccurredAt) // rule 4: the rate at occurred_at, not now
+	rate, err := RateAt(ctx, tx, e.OccurredAt) // rule 4 of docs/design.md: the rate at occurred_at, not now
 	if err != nil {
 		return "", err
 	}
@@ -210,7 +210,7 @@ func credit(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPayloa
 		return "", fmt.Errorf("insert credit: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return DuplicatePayment, nil // rule 3: UNIQUE (payment_id)
+		return DuplicatePayment, nil // rule 3 of docs/design.md: UNIQUE (payment_id)
 	}
 	if err := moveWallet(ctx, tx, pay.UserID, amount); err != nil {
 		return "", err

@@ -24,7 +24,7 @@ type Rate struct {
 // permanent: an operator can add a rate and the redelivery will apply.
 var ErrNoRate = errors.New("cashback: no cashback rate in force at occurred_at")
 
-// RateAt is the rate in force at t (rule 4: t is the event's occurred_at).
+// RateAt is the rate in force at t (rule 4 of docs/design.md: t is the event's occurred_at).
 func RateAt(ctx context.Context, q pgx.Tx, t time.Time) (int, error) {
 	var bp int
 	err := q.QueryRow(ctx, `SELECT rate_bp FROM cashback_rates WHERE effective_from <= $1
@@ -46,7 +46,7 @@ func Rates(ctx context.Context, pool *pgxpool.Pool) ([]Rate, error) {
 
 // ErrRetroactiveRate refuses a rate that would take effect too soon: in
 // the past it would change what an in-flight retry credits for a payment
-// that has already happened, which is exactly what rule 4 forbids; and a
+// that has already happened, which is exactly what rule 4 of docs/design.md forbids; and a
 // payment committed a moment ago may not have its event's occurred_at
 // behind it yet on every clock. So a rate must start at least
 // RateRules.MinLead from now.
