@@ -52,8 +52,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/effectively-once/payments-cashback/pkg/errs"
 	"github.com/effectively-once/payments-cashback/pkg/migrate"
-	"github.com/effectively-once/payments-cashback/pkg/service"
 )
 
 // Header names.
@@ -255,7 +255,7 @@ func writeKeyError(w http.ResponseWriter, err error) {
 	if errors.Is(err, ErrKeyInvalid) {
 		code = "idempotency_key_invalid"
 	}
-	service.WriteError(w, http.StatusBadRequest, code, HeaderKey, err.Error())
+	errs.Write(w, http.StatusBadRequest, code, HeaderKey, err.Error())
 }
 
 // Handle runs op at most once to completion for the request's key and
@@ -276,7 +276,7 @@ func (s *Store) Handle(w http.ResponseWriter, r *http.Request, req Request, op f
 	fp, err := json.Marshal(req.Fingerprint)
 	if err != nil {
 		s.log.Error("idempotency: fingerprint", "scope", req.Scope, "error", err)
-		service.WriteError(w, http.StatusInternalServerError, "internal", "", "internal error")
+		errs.Write(w, http.StatusInternalServerError, "internal", "", "internal error")
 		return
 	}
 	hash := sha256.Sum256(fp)
@@ -285,16 +285,16 @@ func (s *Store) Handle(w http.ResponseWriter, r *http.Request, req Request, op f
 	switch {
 	case errors.Is(err, ErrMismatch):
 		s.count(ctx, "mismatch")
-		service.WriteError(w, http.StatusUnprocessableEntity, "idempotency_key_reused", HeaderKey, err.Error())
+		errs.Write(w, http.StatusUnprocessableEntity, "idempotency_key_reused", HeaderKey, err.Error())
 		return
 	case errors.Is(err, ErrInFlight):
 		s.count(ctx, "in_flight")
 		w.Header().Set("Retry-After", "1")
-		service.WriteError(w, http.StatusConflict, "idempotency_key_in_use", HeaderKey, err.Error())
+		errs.Write(w, http.StatusConflict, "idempotency_key_in_use", HeaderKey, err.Error())
 		return
 	case err != nil:
 		s.log.Error("idempotency: claim key", "scope", req.Scope, "error", err)
-		service.WriteError(w, http.StatusInternalServerError, "internal", "", "internal error")
+		errs.Write(w, http.StatusInternalServerError, "internal", "", "internal error")
 		return
 	case saved != nil:
 		s.count(ctx, "replayed")
@@ -323,18 +323,18 @@ func (s *Store) Handle(w http.ResponseWriter, r *http.Request, req Request, op f
 	case errors.Is(err, ErrLockLost):
 		s.count(ctx, "lock_lost")
 		s.log.Warn("idempotency: attempt outlived its lease and was taken over", "scope", req.Scope, "attempt", a.Number)
-		service.WriteError(w, http.StatusConflict, "idempotency_key_in_use", HeaderKey, "this request was taken over by a retry with the same Idempotency-Key")
+		errs.Write(w, http.StatusConflict, "idempotency_key_in_use", HeaderKey, "this request was taken over by a retry with the same Idempotency-Key")
 		return
 	}
 	s.release(a)
 	var e *Error
 	if errors.As(err, &e) {
 		s.log.Warn("idempotency: attempt failed, key released for a retry", "scope", req.Scope, "attempt", a.Number, "code", e.Code, "error", e.Err)
-		service.WriteError(w, e.Status, e.Code, "", e.Message)
+		errs.Write(w, e.Status, e.Code, "", e.Message)
 		return
 	}
 	s.log.Error("idempotency: attempt failed, key released for a retry", "scope", req.Scope, "attempt", a.Number, "error", err)
-	service.WriteError(w, http.StatusInternalServerError, "internal", "", "internal error; retry with the same Idempotency-Key")
+	errs.Write(w, http.StatusInternalServerError, "internal", "", "internal error; retry with the same Idempotency-Key")
 }
 
 func writeRaw(w http.ResponseWriter, status int, body []byte) {

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/effectively-once/payments-cashback/pkg/errs"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/internal/snapshot"
 )
@@ -390,23 +391,9 @@ func traceparent(ctx context.Context) any {
 // Permanent marks err as one that no retry can fix. A ProcessFunc that
 // returns it fails its row at once (FAILED, with the error text) instead of
 // backing off; a transport parks such a message instead of redelivering it.
-// Anything with a Permanent() bool method that returns true counts the same.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return permanent{err}
-}
+// It is errs.Permanent: one marker for the whole library.
+func Permanent(err error) error { return errs.Permanent(err) }
 
-type permanent struct{ error }
-
-func (p permanent) Unwrap() error   { return p.error }
-func (p permanent) Permanent() bool { return true }
-
-// IsPermanent reports whether err, or an error it wraps, has a Permanent()
-// method that returns true (ErrConflict, ErrExpired, Permanent(...),
-// sqstransport.Permanent(...)).
-func IsPermanent(err error) bool {
-	var p interface{ Permanent() bool }
-	return errors.As(err, &p) && p.Permanent()
-}
+// IsPermanent reports whether err, or an error it wraps, is marked
+// permanent (ErrConflict, ErrExpired, Permanent(...), errs.Permanent(...)).
+func IsPermanent(err error) bool { return errs.IsPermanent(err) }

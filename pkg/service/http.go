@@ -2,11 +2,11 @@ package service
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net/http"
 	"time"
 
+	"github.com/effectively-once/payments-cashback/pkg/errs"
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -93,31 +93,18 @@ func accessLog(log *slog.Logger) func(http.Handler) http.Handler {
 	}
 }
 
-// ErrorBody is the JSON shape of every error response: a machine-readable
-// code, the offending field when there is one, and a sentence for humans.
-type ErrorBody struct {
-	Error ErrorDetail `json:"error"`
-}
+// ErrorBody is the JSON shape of every error response (errs.Body).
+type ErrorBody = errs.Body
 
-// ErrorDetail is the content of ErrorBody.
-type ErrorDetail struct {
-	Code    string `json:"code"`
-	Field   string `json:"field,omitempty"`
-	Message string `json:"message"`
-	// RequestID is set on 500s: the id to find the detail in the log by.
-	RequestID string `json:"request_id,omitempty"`
-}
+// ErrorDetail is the content of ErrorBody (errs.Detail).
+type ErrorDetail = errs.Detail
 
 // WriteJSON writes v as a JSON response with status.
-func WriteJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
+func WriteJSON(w http.ResponseWriter, status int, v any) { errs.WriteJSON(w, status, v) }
 
-// WriteError writes an ErrorBody.
+// WriteError writes an ErrorBody (errs.Write).
 func WriteError(w http.ResponseWriter, status int, code, field, message string) {
-	WriteJSON(w, status, ErrorBody{ErrorDetail{Code: code, Field: field, Message: message}})
+	errs.Write(w, status, code, field, message)
 }
 
 // InternalError answers 500 with code "internal" and the request's id, and

@@ -21,9 +21,9 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/effectively-once/payments-cashback/pkg/errs"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
-	"github.com/effectively-once/payments-cashback/pkg/idempotent"
 	"github.com/effectively-once/payments-cashback/pkg/outage"
 )
 
@@ -42,12 +42,12 @@ type Handler func(ctx context.Context, d Delivery) error
 
 // Permanent marks err as one that no redelivery can fix: the Subscriber
 // parks the message in the DLQ instead of retrying it. It is
-// idempotent.Permanent: one marker for the whole library.
-func Permanent(err error) error { return idempotent.Permanent(err) }
+// errs.Permanent: one marker for the whole library.
+func Permanent(err error) error { return errs.Permanent(err) }
 
 // IsPermanent reports whether err, or an error it wraps, has a Permanent()
 // method that returns true.
-func IsPermanent(err error) bool { return idempotent.IsPermanent(err) }
+func IsPermanent(err error) bool { return errs.IsPermanent(err) }
 
 // SubscriberConfig tunes a Subscriber. Zero values take the defaults in brackets.
 type SubscriberConfig struct {

@@ -1,0 +1,63 @@
+// Package errs is the leaf every layer of the library shares, built on the
+// standard library alone: the marker for errors that no retry can fix, and
+// the JSON body of every HTTP error response. Copying any package of pkg/
+// brings this one with it and nothing else.
+package errs
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+)
+
+// Permanent marks err as one that no redelivery or retry can fix: a
+// subscriber parks such a message in its DLQ, an inbox processor marks the
+// row FAILED, instead of trying again. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanent{err}
+}
+
+type permanent struct{ error }
+
+func (p permanent) Unwrap() error   { return p.error }
+func (p permanent) Permanent() bool { return true }
+
+// IsPermanent reports whether err, or an error it wraps, has a
+// Permanent() bool method that returns true: errors made by Permanent, and
+// any other type that opts in the same way (so a package can mark its own
+// sentinel errors without importing this one).
+func IsPermanent(err error) bool {
+	var p interface{ Permanent() bool }
+	return errors.As(err, &p) && p.Permanent()
+}
+
+// Body is the JSON shape of every error response: a machine-readable code,
+// the offending field when there is one, and a sentence for humans. It
+// never carries internal error text.
+type Body struct {
+	Error Detail `json:"error"`
+}
+
+// Detail is the content of Body.
+type Detail struct {
+	Code    string `json:"code"`
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message"`
+	// RequestID is set on 500s: the id to find the detail in the log by.
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// WriteJSON writes v as a JSON response with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// Write writes a Body with status.
+func Write(w http.ResponseWriter, status int, code, field, message string) {
+	WriteJSON(w, status, Body{Detail{Code: code, Field: field, Message: message}})
+}
