@@ -7,16 +7,12 @@ import (
 	"os"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 )
 
 // Deps are the connections Main opens for a service.
 type Deps struct {
 	Pool    *pgxpool.Pool
-	SQS     *sqs.Client
 	Metrics http.Handler // serves /metrics
 	Log     *slog.Logger
 }
@@ -27,10 +23,11 @@ type App interface {
 	Close()
 }
 
-// Main is the whole main function of a service that has one database and
-// talks to SQS: it loads the config C from the environment, sets up logs and
-// telemetry, opens the database (waiting up to a minute for it) and the SQS
-// client, builds the app and runs its tasks until SIGTERM. Any start-up
+// Main is the whole main function of a service that has one database: it
+// loads the config C from the environment, sets up logs and telemetry,
+// opens the database (waiting up to a minute for it), builds the app (which
+// opens its own transports, such as an SQS client) and runs its tasks until
+// SIGTERM. Any start-up
 // error is logged and exits with status 1.
 func Main[C any](name string, databaseURL func(C) string, build func(context.Context, C, Deps) (App, error)) {
 	log := NewLogger(name)
@@ -49,11 +46,7 @@ func Main[C any](name string, databaseURL func(C) string, build func(context.Con
 	if err != nil {
 		Fatal(log, "database", err)
 	}
-	client, err := sqstransport.NewClient(ctx)
-	if err != nil {
-		Fatal(log, "sqs", err)
-	}
-	app, err := build(ctx, cfg, Deps{Pool: pool, SQS: client, Metrics: tel.Metrics, Log: log})
+	app, err := build(ctx, cfg, Deps{Pool: pool, Metrics: tel.Metrics, Log: log})
 	if err != nil {
 		Fatal(log, "start", err)
 	}

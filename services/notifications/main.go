@@ -12,12 +12,17 @@ import (
 	"context"
 
 	"github.com/effectively-once/payments-cashback/pkg/service"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 	"github.com/effectively-once/payments-cashback/services/notifications/app"
 )
 
 func main() {
 	service.Main("notifications", func(c app.Config) string { return c.DatabaseURL },
 		func(ctx context.Context, cfg app.Config, d service.Deps) (service.App, error) {
-			return app.New(ctx, cfg, d.Pool, d.SQS, d.Metrics, d.Log)
+			client, err := sqstransport.NewClient(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return app.New(ctx, cfg, d.Pool, client, d.Metrics, d.Log)
 		})
 }

@@ -21,7 +21,7 @@
 // [1000] per PAYMENTS_RATE_WINDOW [1s] per client and
 // PAYMENTS_RATE_LIMIT_PER_ADDRESS [2000] per remote address, LOG_LEVEL
 // [info], FAILPOINTS, the relay's
-// tuning RELAY_LEASE, RELAY_POLL_INTERVAL, ... (service.RelayEnv), and the
+// tuning RELAY_LEASE, RELAY_POLL_INTERVAL, ... (outbox.RelayEnv), and the
 // standard AWS_* variables (AWS_ENDPOINT_URL for a local SQS).
 package main
 
@@ -70,8 +70,8 @@ type config struct {
 	// for the api and all roles), PAYMENTS_RATE_LIMIT,
 	// PAYMENTS_RATE_LIMIT_PER_ADDRESS, PAYMENTS_RATE_WINDOW.
 	Access service.AccessEnv `envPrefix:"PAYMENTS_"`
-	// Relay tuning, RELAY_LEASE etc. (see service.RelayEnv); unset: defaults.
-	Relay service.RelayEnv `envPrefix:"RELAY_"`
+	// Relay tuning, RELAY_LEASE etc. (see outbox.RelayEnv); unset: defaults.
+	Relay outbox.RelayEnv `envPrefix:"RELAY_"`
 }
 
 func main() {
@@ -198,7 +198,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		checks["sqs "+cfg.Queue] = service.QueueCheck(client, cfg.Queue) // before the server starts: no race
+		checks["sqs "+cfg.Queue] = sqstransport.QueueCheck(client, cfg.Queue) // before the server starts: no race
 		tasks = append(tasks, service.Task{Name: "outbox relay " + cfg.Queue, Run: relay.Run})
 	}
 	addr, err := service.ListenAddr(cfg.ListenAddr, cfg.Port)
@@ -212,7 +212,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 // newRelay builds the outbox relay to the PAYMENTS_QUEUE queue, waiting for
 // the queue to exist.
 func newRelay(ctx context.Context, cfg config, pool *pgxpool.Pool, client *sqs.Client, log *slog.Logger) (*outbox.Relay, error) {
-	queueURL, err := service.QueueURL(ctx, client, cfg.Queue, cfg.StartupWait, log)
+	queueURL, err := sqstransport.QueueURL(ctx, client, cfg.Queue, cfg.StartupWait, log)
 	if err != nil {
 		return nil, err
 	}

@@ -70,8 +70,8 @@ type Config struct {
 	SenderPoll time.Duration                 `env:"-"`
 	Provider   sms.Provider                  `env:"-"` // nil: the HTTP client of SMS_PROVIDER_URL
 
-	// SUBSCRIBER_* (see service.SubscriberEnv) fill what Subscriber leaves zero.
-	SubscriberEnv service.SubscriberEnv `envPrefix:"SUBSCRIBER_"`
+	// SUBSCRIBER_* (see sqstransport.SubscriberEnv) fill what Subscriber leaves zero.
+	SubscriberEnv sqstransport.SubscriberEnv `envPrefix:"SUBSCRIBER_"`
 }
 
 // Policies turns the SENDING_POLICY_* settings into the sender's map.
@@ -176,13 +176,13 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 			return nil, err
 		}
 	}
-	sub, err := service.NewSubscriber(ctx, client, cfg.RewardsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, receiver(inbox))
+	sub, err := sqstransport.NewQueueSubscriber(ctx, client, cfg.RewardsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, receiver(inbox))
 	if err != nil {
 		return nil, err
 	}
 
 	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping, "consumer": sc.Gate.Check,
-		"sqs " + cfg.RewardsQueue: service.QueueCheck(client, cfg.RewardsQueue)})
+		"sqs " + cfg.RewardsQueue: sqstransport.QueueCheck(client, cfg.RewardsQueue)})
 	if err := api.Routes(r, pool, log, access); err != nil {
 		return nil, err
 	}

@@ -57,10 +57,10 @@ type Config struct {
 	QueueWait  time.Duration                 `env:"QUEUE_WAIT" envDefault:"2m"`
 	Subscriber sqstransport.SubscriberConfig `env:"-"`
 	Relay      outbox.RelayConfig            `env:"-"`
-	// SUBSCRIBER_* and RELAY_* (see service.SubscriberEnv, RelayEnv) fill
+	// SUBSCRIBER_* and RELAY_* (see sqstransport.SubscriberEnv, outbox.RelayEnv) fill
 	// what Subscriber and Relay leave zero.
-	SubscriberEnv service.SubscriberEnv `envPrefix:"SUBSCRIBER_"`
-	RelayEnv      service.RelayEnv      `envPrefix:"RELAY_"`
+	SubscriberEnv sqstransport.SubscriberEnv `envPrefix:"SUBSCRIBER_"`
+	RelayEnv      outbox.RelayEnv            `envPrefix:"RELAY_"`
 }
 
 // sqsMaxRetention is the longest SQS keeps a message (source queue or DLQ).
@@ -158,7 +158,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		return nil, err
 	}
 
-	rewardsURL, err := service.QueueURL(ctx, client, cfg.RewardsQueue, cfg.QueueWait, log)
+	rewardsURL, err := sqstransport.QueueURL(ctx, client, cfg.RewardsQueue, cfg.QueueWait, log)
 	if err != nil {
 		return nil, err
 	}
@@ -169,7 +169,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 			return nil, err
 		}
 	}
-	sub, err := service.NewSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleDelivery)
+	sub, err := sqstransport.NewQueueSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleDelivery)
 	if err != nil {
 		return nil, err
 	}
@@ -182,8 +182,8 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	}
 
 	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping, "consumer": sc.Gate.Check,
-		"sqs " + cfg.PaymentsQueue: service.QueueCheck(client, cfg.PaymentsQueue),
-		"sqs " + cfg.RewardsQueue:  service.QueueCheck(client, cfg.RewardsQueue)})
+		"sqs " + cfg.PaymentsQueue: sqstransport.QueueCheck(client, cfg.PaymentsQueue),
+		"sqs " + cfg.RewardsQueue:  sqstransport.QueueCheck(client, cfg.RewardsQueue)})
 	srv.Routes(r)
 	return &App{Processor: proc, Fail: fail, Router: r, pool: pool, subscriber: sub, relay: relay,
 		maintainer: maint, addr: addr, log: log}, nil

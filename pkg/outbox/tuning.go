@@ -1,0 +1,34 @@
+package outbox
+
+import "time"
+
+// RelayEnv is the environment tuning of a Relay, read by the service's
+// configuration loader (this package reads no environment) and embedded
+// with `envPrefix:"RELAY_"`: RELAY_LEASE, RELAY_POLL_INTERVAL,
+// RELAY_BATCH_SIZE, RELAY_WORKERS, RELAY_RETRY_BASE, RELAY_RETRY_MAX. Unset
+// means the library default. (The e2e suite shortens the lease so a relay
+// killed between publish and mark is replaced in seconds.)
+type RelayEnv struct {
+	Lease        time.Duration `env:"LEASE"`
+	PollInterval time.Duration `env:"POLL_INTERVAL"`
+	BatchSize    int           `env:"BATCH_SIZE"`
+	Workers      int           `env:"WORKERS"`
+	RetryBase    time.Duration `env:"RETRY_BASE"`
+	RetryMax     time.Duration `env:"RETRY_MAX"`
+}
+
+// Apply copies the values that are set into the zero fields of c.
+func (e RelayEnv) Apply(c *RelayConfig) {
+	fill(&c.Lease, e.Lease)
+	fill(&c.PollInterval, e.PollInterval)
+	fill(&c.BatchSize, e.BatchSize)
+	fill(&c.Workers, e.Workers)
+	fill(&c.RetryBase, e.RetryBase)
+	fill(&c.RetryMax, e.RetryMax)
+}
+
+func fill[T time.Duration | int](dst *T, v T) {
+	if *dst == 0 && v > 0 {
+		*dst = v
+	}
+}

@@ -1,0 +1,98 @@
+package sqstransport
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/cenkalti/backoff/v5"
+)
+
+// QueueURL resolves a queue name, retrying for up to wait while the SQS
+// server is starting or its queues are still being created.
+func QueueURL(ctx context.Context, c *sqs.Client, name string, wait time.Duration, log *slog.Logger) (string, error) {
+	url, err := backoff.Retry(ctx, func() (string, error) {
+		out, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: &name})
+		if err != nil {
+			log.Info("waiting for queue", "queue", name, "error", err)
+			return "", err
+		}
+		return *out.QueueUrl, nil
+	}, backoff.WithMaxElapsedTime(wait))
+	if err != nil {
+		return "", fmt.Errorf("queue %s not found after %v (create it with `go run ./cmd/queues`): %w", name, wait, err)
+	}
+	return url, nil
+}
+
+// NewQueueSubscriber resolves queue (waiting up to wait, as QueueURL does)
+// and builds a Subscriber on it from cfg, whose zero tuning fields are
+// filled from tuning (a value set in code wins) and whose Logger is log.
+func NewQueueSubscriber(ctx context.Context, c *sqs.Client, queue string, wait time.Duration,
+	cfg SubscriberConfig, tuning SubscriberEnv, log *slog.Logger, h Handler) (*Subscriber, error) {
+	url, err := QueueURL(ctx, c, queue, wait, log)
+	if err != nil {
+		return nil, err
+	}
+	tuning.Apply(&cfg)
+	cfg.QueueURL, cfg.Logger = url, log
+	return NewSubscriber(c, cfg, h)
+}
+
+// QueueCheck is a readiness check (a service.Check) that the SQS server
+// answers and knows the queue named name: a consumer or relay that cannot
+// reach its queue is not ready, even if its database is.
+func QueueCheck(c *sqs.Client, name string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: &name})
+		if err != nil {
+			return fmt.Errorf("queue %s: %w", name, err)
+		}
+		return nil
+	}
+}
+
+// SubscriberEnv is the environment tuning of a Subscriber, read by the
+// service's configuration loader (this package reads no environment).
+// Embed it in a service's config with a prefix,
+//
+//	Subscriber sqstransport.SubscriberEnv `envPrefix:"SUBSCRIBER_"`
+//
+// to get SUBSCRIBER_WAIT_TIME, SUBSCRIBER_MAX_MESSAGES,
+// SUBSCRIBER_VISIBILITY, SUBSCRIBER_MAX_EXTENSION, SUBSCRIBER_RETRY_BASE,
+// SUBSCRIBER_RETRY_MAX, SUBSCRIBER_SHUTDOWN_GRACE and
+// SUBSCRIBER_HANDLER_TIMEOUT (each handler's deadline, below the visibility
+// timeout). Unset (zero) means the library default; the e2e suite shortens them to make redeliveries,
+// visibility expiry and dead-lettering happen in seconds.
+type SubscriberEnv struct {
+	WaitTime      time.Duration `env:"WAIT_TIME"`
+	MaxMessages   int           `env:"MAX_MESSAGES"`
+	Visibility    time.Duration `env:"VISIBILITY"`
+	MaxExtension  time.Duration `env:"MAX_EXTENSION"`
+	RetryBase     time.Duration `env:"RETRY_BASE"`
+	RetryMax      time.Duration `env:"RETRY_MAX"`
+	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE"`
+	// HandlerTimeout: SUBSCRIBER_HANDLER_TIMEOUT, below SUBSCRIBER_VISIBILITY.
+	HandlerTimeout time.Duration `env:"HANDLER_TIMEOUT"`
+}
+
+// Apply copies the values that are set into the fields of c that are still
+// zero (a value set in code wins).
+func (e SubscriberEnv) Apply(c *SubscriberConfig) {
+	fill(&c.WaitTime, e.WaitTime)
+	fill(&c.MaxMessages, e.MaxMessages)
+	fill(&c.Visibility, e.Visibility)
+	fill(&c.MaxExtension, e.MaxExtension)
+	fill(&c.RetryBase, e.RetryBase)
+	fill(&c.RetryMax, e.RetryMax)
+	fill(&c.ShutdownGrace, e.ShutdownGrace)
+	fill(&c.HandlerTimeout, e.HandlerTimeout)
+}
+
+func fill[T time.Duration | int](dst *T, v T) {
+	if *dst == 0 && v > 0 {
+		*dst = v
+	}
+}
