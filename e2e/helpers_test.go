@@ -28,6 +28,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/internal/stack"
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // ---------------------------------------------------------------------------
@@ -205,7 +206,7 @@ func walletBalance(t testing.TB, user string) int64 {
 func paymentEvent(t testing.TB, eventType, paymentID, user string, amount int64, version int64) events.Envelope {
 	t.Helper()
 	status := "SUCCEEDED"
-	if eventType == events.PaymentRefunded {
+	if eventType == contract.PaymentRefunded {
 		status = "REFUNDED"
 	}
 	e, err := events.New(eventType, paymentID, version, map[string]any{
@@ -574,7 +575,7 @@ func pipelineOnce(t testing.TB, paymentID string, want int64) (credit, uuid.UUID
 	if n := count(t, s.rewDB, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'CashbackCredited'`, paymentID); n != 1 {
 		t.Errorf("rewards outbox has %d CashbackCredited for %s, want 1", n, paymentID)
 	}
-	ce := outboxEventID(t, s.rewDB, paymentID, events.CashbackCredited)
+	ce := outboxEventID(t, s.rewDB, paymentID, contract.CashbackCredited)
 	waitSent(t, ce)
 	if n := count(t, s.notDB, `SELECT count(*) FROM notifications WHERE event_id = $1`, ce); n != 1 {
 		t.Errorf("%d notifications rows for %s, want 1", n, ce)

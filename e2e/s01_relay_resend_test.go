@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Scenario 1. The relay publishes PaymentSucceeded (the story's e-91) and
@@ -27,7 +27,7 @@ func TestRelayKilledAfterPublishBeforeMarkPublishesAgainAndTheEventIsAppliedOnce
 
 	user := id("u_e2e1")
 	p := pay(t, user, 120000)
-	e91 := outboxEventID(t, s.payDB, p.ID, events.PaymentSucceeded)
+	e91 := outboxEventID(t, s.payDB, p.ID, contract.PaymentSucceeded)
 
 	killed, err := l.WaitExit("payments-relay", 30*time.Second)
 	if err != nil || !killed {

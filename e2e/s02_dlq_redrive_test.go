@@ -7,8 +7,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-
-	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Scenario 2. A copy of an event is dead-lettered (its handler fails on
@@ -21,7 +20,7 @@ import (
 func TestDeadLetteredCopyRedrivenWithANewMessageIDIsADuplicateAndIsAcked(t *testing.T) {
 	l := local(t)
 	user, payID := id("u_e2e2"), id("pay_e2e2")
-	e := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
+	e := paymentEvent(t, contract.PaymentSucceeded, payID, user, 120000, 1)
 	// The handler fails every attempt at this event, redeliveries 1 s apart.
 	restartWith(t, "rewards", "REWARDS_FAIL_EVENT_IDS="+e.EventID.String(),
 		"SUBSCRIBER_RETRY_BASE=1s", "SUBSCRIBER_RETRY_MAX=1s")

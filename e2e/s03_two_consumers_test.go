@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Scenario 3. A second copy of a message reaches a second replica while the
@@ -17,7 +17,7 @@ import (
 func TestSecondReplicaGetsTheMessageWhileTheFirstStillHoldsItAndOnlyOneCredits(t *testing.T) {
 	l := local(t)
 	user, payID := id("u_e2e3"), id("pay_e2e3")
-	e := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
+	e := paymentEvent(t, contract.PaymentSucceeded, payID, user, 120000, 1)
 	knobs := []string{"REWARDS_SLOW_EVENT_IDS=" + e.EventID.String() + "@10s",
 		"SUBSCRIBER_VISIBILITY=30s", // a handler deadline of 24 s, above the 10 s hold
 		"CONSUMER_CONCURRENCY=1"}    // a busy replica cannot take the copy itself

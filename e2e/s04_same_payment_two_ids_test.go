@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Scenario 4. A buggy upstream emits PaymentSucceeded for the same payment
@@ -17,8 +18,8 @@ import (
 // and acked, and a warning naming the second event id.
 func TestSamePaymentUnderTwoEventIDsIsCreditedOnceBothAreAckedAndAWarningIsLogged(t *testing.T) {
 	user, payID := id("u_e2e4"), id("pay_e2e4")
-	first := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
-	second := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
+	first := paymentEvent(t, contract.PaymentSucceeded, payID, user, 120000, 1)
+	second := paymentEvent(t, contract.PaymentSucceeded, payID, user, 120000, 1)
 	dupPay0 := metric(t, s.rewardsURL, "rewards_events_total", "result", "duplicate_payment")
 
 	sendMany(t, s.payQ, []events.Envelope{first, second}) // one batch: both in flight together

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Scenario 5. The handler fails twice (after writing the dedupe row, the
@@ -15,7 +15,7 @@ import (
 // no trace of the event.
 func TestFailedHandlerCommitsNoDedupeRowAndTheRetryApplies(t *testing.T) {
 	user, payID := id("u_e2e5"), id("pay_e2e5")
-	e := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
+	e := paymentEvent(t, contract.PaymentSucceeded, payID, user, 120000, 1)
 	// Two failures, each followed by a 2 s redelivery backoff: the window
 	// in which the test looks.
 	restartWith(t, "rewards", "REWARDS_FAIL_EVENT_IDS="+e.EventID.String()+"@2",

@@ -8,8 +8,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-
-	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Scenario 6. Poison: a malformed body and an event type nobody handles,
@@ -22,7 +21,7 @@ func TestPoisonMessagesAreParkedWithTheReasonAndTheQueueKeepsFlowing(t *testing.
 	malformed := `{"event_id": "` + marker + `", "event_type": "PaymentSucceeded", ` // cut short
 	user, payID := id("u_e2e6"), id("pay_e2e6")
 	unknown := paymentEvent(t, "PaymentExploded", payID, user, 120000, 1)
-	good := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
+	good := paymentEvent(t, contract.PaymentSucceeded, payID, user, 120000, 1)
 	// The same two kinds of poison for notifications, on rewards-events.
 	unknownCashback := paymentEvent(t, "CashbackDoubled", payID, user, 2400, 1)
 

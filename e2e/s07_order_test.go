@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // paymentState is rewards' payment_versions row.
@@ -34,12 +35,12 @@ func TestStalePaidCopyAfterTheRefundStaysRefundedAndTheCashbackIsReversedOnce(t 
 		if r := refund(t, p.ID); r.Status != "REFUNDED" || r.Version != 2 {
 			t.Fatalf("refund: %+v, want REFUNDED at version 2", r)
 		}
-		reversedEvent := outboxEventID(t, s.rewDB, p.ID, events.CashbackReversed)
+		reversedEvent := outboxEventID(t, s.rewDB, p.ID, contract.CashbackReversed)
 		waitSent(t, reversedEvent)
 		smsOnce(t, reversedEvent, 1)
 
-		paid := outboxEnvelope(t, s.payDB, outboxEventID(t, s.payDB, p.ID, events.PaymentSucceeded))
-		refunded := outboxEnvelope(t, s.payDB, outboxEventID(t, s.payDB, p.ID, events.PaymentRefunded))
+		paid := outboxEnvelope(t, s.payDB, outboxEventID(t, s.payDB, p.ID, contract.PaymentSucceeded))
+		refunded := outboxEnvelope(t, s.payDB, outboxEventID(t, s.payDB, p.ID, contract.PaymentRefunded))
 		reemitted := paid
 		reemitted.EventID = uuid.Must(uuid.NewV7()) // same payment, same version 1, another event id
 		ignored0 := metric(t, s.rewardsURL, "rewards_events_total", "result", "ignored_after_refund")
@@ -88,8 +89,8 @@ func TestStalePaidCopyAfterTheRefundStaysRefundedAndTheCashbackIsReversedOnce(t 
 
 	t.Run("the refund overtakes the payment event", func(t *testing.T) {
 		user, payID := id("u_e2e7b"), id("pay_e2e7b")
-		paid := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
-		refunded := paymentEvent(t, events.PaymentRefunded, payID, user, 120000, 2)
+		paid := paymentEvent(t, contract.PaymentSucceeded, payID, user, 120000, 1)
+		refunded := paymentEvent(t, contract.PaymentRefunded, payID, user, 120000, 2)
 		send(t, s.payQ, refunded)
 		eventually(t, 30*time.Second, func() (bool, string) {
 			return processed(t, refunded.EventID) == 1, "the refund is not committed"

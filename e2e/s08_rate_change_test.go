@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 type rate struct {
@@ -38,7 +38,7 @@ func setRate(t testing.TB, bp int) rate {
 // A payment that happens after the change gets 5%, so the change was real.
 func TestRateChangeBetweenTheFailedAttemptAndTheRetryStillCreditsTheRateAtOccurredAt(t *testing.T) {
 	user, payID := id("u_e2e8"), id("pay_e2e8")
-	e := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
+	e := paymentEvent(t, contract.PaymentSucceeded, payID, user, 120000, 1)
 	restartWith(t, "rewards", "REWARDS_FAIL_EVENT_IDS="+e.EventID.String()+"@1",
 		"SUBSCRIBER_RETRY_BASE=3s", "SUBSCRIBER_RETRY_MAX=3s")
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Scenario 9. The SMS provider accepts the message and then hangs; the
@@ -25,7 +25,7 @@ func TestSenderKilledInSendingAfterTheProviderAcceptedDeliversExactlyOneSMS(t *t
 	user := id("u_e2e9")
 	p := pay(t, user, 120000)
 	waitCredits(t, p.ID, 1)
-	ce := outboxEventID(t, s.rewDB, p.ID, events.CashbackCredited)
+	ce := outboxEventID(t, s.rewDB, p.ID, contract.CashbackCredited)
 
 	killed, err := l.WaitExit("notifications", 60*time.Second)
 	if err != nil || !killed {

@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Scenario 11. A copy older than the dedupe window (15 days): an event
@@ -19,7 +20,7 @@ import (
 // logged, and nothing is credited.
 func TestCopyOlderThanTheDedupeWindowIsRefusedParkedCountedAndLogged(t *testing.T) {
 	user, payID := id("u_e2e11"), id("pay_e2e11")
-	e := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
+	e := paymentEvent(t, contract.PaymentSucceeded, payID, user, 120000, 1)
 	then := time.Now().Add(-20 * 24 * time.Hour).UTC().Truncate(time.Millisecond)
 	e.EventID, e.OccurredAt = oldEventID(then), then
 	if got := events.IDTime(e.EventID); !got.Equal(then) {

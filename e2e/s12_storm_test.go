@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Scenario 12. The storm: 1,000 payments through the API (8 at a time).
@@ -67,7 +68,7 @@ func TestStormOfAThousandPaymentsDeliveredOneToThreeTimesWithRedrivesCreditsEach
 	t.Logf("%d payments created in %v", n, time.Since(t0).Round(time.Millisecond))
 
 	// 2. The extra copies, from the payments outbox.
-	rows, err := s.payDB.Query(bg(), `SELECT id FROM outbox WHERE aggregate_id = ANY($1) AND event_type = $2`, payIDs, events.PaymentSucceeded)
+	rows, err := s.payDB.Query(bg(), `SELECT id FROM outbox WHERE aggregate_id = ANY($1) AND event_type = $2`, payIDs, contract.PaymentSucceeded)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func TestStormOfAThousandPaymentsDeliveredOneToThreeTimesWithRedrivesCreditsEach
 
 	// 1,000 SMS, each delivered once.
 	var cashbackEvents []uuid.UUID
-	rows, err = s.rewDB.Query(bg(), `SELECT id FROM outbox WHERE aggregate_id = ANY($1) AND event_type = $2`, payIDs, events.CashbackCredited)
+	rows, err = s.rewDB.Query(bg(), `SELECT id FROM outbox WHERE aggregate_id = ANY($1) AND event_type = $2`, payIDs, contract.CashbackCredited)
 	if err != nil {
 		t.Fatal(err)
 	}

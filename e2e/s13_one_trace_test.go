@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/effectively-once/payments-cashback/services/contract"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-
-	"github.com/effectively-once/payments-cashback/pkg/events"
 )
 
 // Scenario 13. One trace through the outbox: the payment's HTTP request,
@@ -68,9 +67,9 @@ func TestOnePaymentIsOneTraceFromTheRequestThroughCashbackToTheSMS(t *testing.T)
 	}{
 		{"payments", "POST /v1/payments", tracepb.Span_SPAN_KIND_SERVER},
 		{"payments", "", tracepb.Span_SPAN_KIND_CLIENT}, // a pgx query inside the request
-		{"rewards", "process " + events.PaymentSucceeded, tracepb.Span_SPAN_KIND_CONSUMER},
-		{"notifications", "process " + events.CashbackCredited, tracepb.Span_SPAN_KIND_CONSUMER},
-		{"notifications", "inbox process " + events.CashbackCredited, tracepb.Span_SPAN_KIND_CONSUMER},
+		{"rewards", "process " + contract.PaymentSucceeded, tracepb.Span_SPAN_KIND_CONSUMER},
+		{"notifications", "process " + contract.CashbackCredited, tracepb.Span_SPAN_KIND_CONSUMER},
+		{"notifications", "inbox process " + contract.CashbackCredited, tracepb.Span_SPAN_KIND_CONSUMER},
 		{"notifications", "sms send", tracepb.Span_SPAN_KIND_CLIENT},
 	}
 	eventually(t, 20*time.Second, func() (bool, string) {

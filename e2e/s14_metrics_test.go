@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Scenario 14. The operator's view: each service's /metrics moves by
@@ -39,7 +39,7 @@ func TestMetricsOnEachServiceMoveByExactlyWhatOnePaymentAndOneDuplicateDrive(t *
 
 	p := pay(t, id("u_e2e14"), 120000)
 	pipelineOnce(t, p.ID, 2400)
-	e := outboxEventID(t, s.payDB, p.ID, events.PaymentSucceeded)
+	e := outboxEventID(t, s.payDB, p.ID, contract.PaymentSucceeded)
 	send(t, s.payQ, outboxEnvelope(t, s.payDB, e)) // the duplicate copy
 	eventually(t, 30*time.Second, func() (bool, string) {
 		got := metric(t, s.rewardsURL, "idempotent_messages_total", "consumer", "rewards", "outcome", "duplicate")

@@ -10,9 +10,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/google/uuid"
-
-	"github.com/effectively-once/payments-cashback/pkg/events"
 )
 
 // Scenario 15. Hostile messages: a corpus of bodies a buggy or malicious
@@ -53,29 +52,29 @@ func TestHostileMessagesAreParkedWithAReasonAndNothingIsHalfApplied(t *testing.T
 		return map[string]any{"user_id": "u_17", "recipient": recipient, "amount_paise": amount}
 	}
 	raw := func(b string, old, new string) string { return strings.Replace(b, old, new, 1) }
-	big := envelope(2, events.PaymentSucceeded, map[string]any{"user_id": "u_17", "amount_paise": -1, "currency": "INR", "pad": ""}, nil)
+	big := envelope(2, contract.PaymentSucceeded, map[string]any{"user_id": "u_17", "amount_paise": -1, "currency": "INR", "pad": ""}, nil)
 	big = raw(big, `"pad":""`, `"pad":"`+strings.Repeat("x", 256*1024-len(big))+`"`)
 
 	corpus := []hostile{
-		{"user_id whose bytes were not UTF-8 (arrives as U+FFFD)", "pay", envelope(1, events.PaymentSucceeded, pay("u_\xff\xfe", 120000), nil), "refused: "},
+		{"user_id whose bytes were not UTF-8 (arrives as U+FFFD)", "pay", envelope(1, contract.PaymentSucceeded, pay("u_\xff\xfe", 120000), nil), "refused: "},
 		{"a body of exactly 256 KiB", "pay", big, ""},
-		{"aggregate_version as a string", "pay", raw(envelope(3, events.PaymentSucceeded, pay("u_17", 120000), nil), `"aggregate_version":1`, `"aggregate_version":"1"`), "undecodable: events: invalid aggregate_version"},
-		{"aggregate_version beyond int64", "pay", raw(envelope(4, events.PaymentSucceeded, pay("u_17", 120000), nil), `"aggregate_version":1`, `"aggregate_version":92233720368547758070`), "undecodable: events: invalid aggregate_version"},
-		{"no payload", "pay", envelope(5, events.PaymentSucceeded, pay("u_17", 1), func(m map[string]any) { delete(m, "payload") }), "undecodable: events: invalid payload"},
-		{"payload is an array", "pay", envelope(6, events.PaymentSucceeded, pay("u_17", 1), func(m map[string]any) { m["payload"] = []int{1} }), "undecodable: events: invalid payload"},
-		{"event id is a UUIDv4", "pay", envelope(7, events.PaymentSucceeded, pay("u_17", 1), func(m map[string]any) { m["event_id"] = uuid.NewString() }), "undecodable: events: invalid event_id"},
-		{"two event ids", "pay", raw(envelope(8, events.PaymentSucceeded, pay("u_17", 1), nil), `"event_id":`, `"event_id":"`+uuid.Must(uuid.NewV7()).String()+`","event_id":`), "undecodable: events: invalid event_id"},
-		{"SQL in user_id", "pay", envelope(9, events.PaymentSucceeded, pay("u_17'; DROP TABLE wallets;--", 120000), nil), "refused: "},
+		{"aggregate_version as a string", "pay", raw(envelope(3, contract.PaymentSucceeded, pay("u_17", 120000), nil), `"aggregate_version":1`, `"aggregate_version":"1"`), "undecodable: events: invalid aggregate_version"},
+		{"aggregate_version beyond int64", "pay", raw(envelope(4, contract.PaymentSucceeded, pay("u_17", 120000), nil), `"aggregate_version":1`, `"aggregate_version":92233720368547758070`), "undecodable: events: invalid aggregate_version"},
+		{"no payload", "pay", envelope(5, contract.PaymentSucceeded, pay("u_17", 1), func(m map[string]any) { delete(m, "payload") }), "undecodable: events: invalid payload"},
+		{"payload is an array", "pay", envelope(6, contract.PaymentSucceeded, pay("u_17", 1), func(m map[string]any) { m["payload"] = []int{1} }), "undecodable: events: invalid payload"},
+		{"event id is a UUIDv4", "pay", envelope(7, contract.PaymentSucceeded, pay("u_17", 1), func(m map[string]any) { m["event_id"] = uuid.NewString() }), "undecodable: events: invalid event_id"},
+		{"two event ids", "pay", raw(envelope(8, contract.PaymentSucceeded, pay("u_17", 1), nil), `"event_id":`, `"event_id":"`+uuid.Must(uuid.NewV7()).String()+`","event_id":`), "undecodable: events: invalid event_id"},
+		{"SQL in user_id", "pay", envelope(9, contract.PaymentSucceeded, pay("u_17'; DROP TABLE wallets;--", 120000), nil), "refused: "},
 		{"SQL in event_type", "pay", envelope(10, "PaymentSucceeded'; DELETE FROM processed_messages;--", pay("u_17", 1), nil), "refused: "},
-		{"negative amount", "pay", envelope(11, events.PaymentSucceeded, pay("u_17", -120000), nil), "refused: "},
-		{"amount as a string", "pay", envelope(12, events.PaymentSucceeded, pay("u_17", "120000"), nil), "refused: "},
-		{"payment_id is not the aggregate", "pay", envelope(13, events.PaymentSucceeded, map[string]any{"payment_id": "pay_someone_else", "user_id": "u_17", "amount_paise": 1, "currency": "INR"}, nil), "refused: "},
-		{"a malformed phone", "pay", envelope(14, events.PaymentSucceeded, map[string]any{"user_id": "u_17", "amount_paise": 1, "currency": "INR", "phone": "+91 98765'--"}, nil), "refused: "},
-		{"recipient carrying SQL", "rew", envelope(15, events.CashbackCredited, cashback("+91'; DROP TABLE notifications;--", 2400), nil), "refused: "},
-		{"no recipient and no user_id", "rew", envelope(16, events.CashbackCredited, map[string]any{"amount_paise": 2400}, nil), "refused: "},
-		{"cashback amount as a string", "rew", envelope(17, events.CashbackCredited, cashback("+919876543210", "2400"), nil), "refused: "},
-		{"recipient whose bytes were not UTF-8", "rew", envelope(18, events.CashbackCredited, cashback("+91\xff\xfe", 2400), nil), "refused: "},
-		{"cashback with a UUIDv4 event id", "rew", envelope(19, events.CashbackCredited, cashback("+919876543210", 2400), func(m map[string]any) { m["event_id"] = uuid.NewString() }), "undecodable: events: invalid event_id"},
+		{"negative amount", "pay", envelope(11, contract.PaymentSucceeded, pay("u_17", -120000), nil), "refused: "},
+		{"amount as a string", "pay", envelope(12, contract.PaymentSucceeded, pay("u_17", "120000"), nil), "refused: "},
+		{"payment_id is not the aggregate", "pay", envelope(13, contract.PaymentSucceeded, map[string]any{"payment_id": "pay_someone_else", "user_id": "u_17", "amount_paise": 1, "currency": "INR"}, nil), "refused: "},
+		{"a malformed phone", "pay", envelope(14, contract.PaymentSucceeded, map[string]any{"user_id": "u_17", "amount_paise": 1, "currency": "INR", "phone": "+91 98765'--"}, nil), "refused: "},
+		{"recipient carrying SQL", "rew", envelope(15, contract.CashbackCredited, cashback("+91'; DROP TABLE notifications;--", 2400), nil), "refused: "},
+		{"no recipient and no user_id", "rew", envelope(16, contract.CashbackCredited, map[string]any{"amount_paise": 2400}, nil), "refused: "},
+		{"cashback amount as a string", "rew", envelope(17, contract.CashbackCredited, cashback("+919876543210", "2400"), nil), "refused: "},
+		{"recipient whose bytes were not UTF-8", "rew", envelope(18, contract.CashbackCredited, cashback("+91\xff\xfe", 2400), nil), "refused: "},
+		{"cashback with a UUIDv4 event id", "rew", envelope(19, contract.CashbackCredited, cashback("+919876543210", 2400), func(m map[string]any) { m["event_id"] = uuid.NewString() }), "undecodable: events: invalid event_id"},
 	}
 	if n := len(big); n != 256*1024 {
 		t.Fatalf("the big body is %d bytes, want %d", n, 256*1024)
@@ -93,7 +92,7 @@ func TestHostileMessagesAreParkedWithAReasonAndNothingIsHalfApplied(t *testing.T
 	}
 	// A good event behind the corpus flows through to its SMS.
 	user, payID := id("u_e2e15"), id("pay_e2e15")
-	send(t, s.payQ, paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1))
+	send(t, s.payQ, paymentEvent(t, contract.PaymentSucceeded, payID, user, 120000, 1))
 	pipelineOnce(t, payID, 2400)
 
 	inCorpus := func(m types.Message) bool { return strings.Contains(aws.ToString(m.Body), tok) }

@@ -28,6 +28,7 @@ import (
 	"github.com/effectively-once/payments-cashback/internal/faults"
 	"github.com/effectively-once/payments-cashback/internal/stack"
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // The chaos soak (make soak; a short one runs in make test).
@@ -419,11 +420,11 @@ func add(m *map[uuid.UUID]int, id uuid.UUID) {
 
 func (st *soakStats) inject(t *testing.T, paymentIDs []string) {
 	for _, pid := range paymentIDs {
-		if e, ok := publishedEvent(t, s.payDB, pid, events.PaymentSucceeded); ok {
+		if e, ok := publishedEvent(t, s.payDB, pid, contract.PaymentSucceeded); ok {
 			send(t, s.payQ, e)
 			add(&st.injectedPay, e.EventID)
 		}
-		if e, ok := publishedEvent(t, s.rewDB, pid, events.CashbackCredited); ok {
+		if e, ok := publishedEvent(t, s.rewDB, pid, contract.CashbackCredited); ok {
 			send(t, s.rewQ, e)
 			add(&st.injectedRew, e.EventID)
 		}
@@ -433,7 +434,7 @@ func (st *soakStats) inject(t *testing.T, paymentIDs []string) {
 func (st *soakStats) redrive(t *testing.T, paymentIDs []string) {
 	var n int
 	for _, pid := range paymentIDs {
-		if e, ok := publishedEvent(t, s.payDB, pid, events.PaymentSucceeded); ok {
+		if e, ok := publishedEvent(t, s.payDB, pid, contract.PaymentSucceeded); ok {
 			send(t, s.payDLQ, e)
 			add(&st.redriven, e.EventID)
 			n++
@@ -469,7 +470,7 @@ func publishedEvent(t *testing.T, db *pgxpool.Pool, paymentID, eventType string)
 func cashbackEvents(t *testing.T, paymentIDs []string) []uuid.UUID {
 	t.Helper()
 	return query(t, s.rewDB, pgx.RowTo[uuid.UUID], `SELECT id FROM outbox WHERE aggregate_id = ANY($1) AND event_type = $2`,
-		paymentIDs, events.CashbackCredited)
+		paymentIDs, contract.CashbackCredited)
 }
 
 // soakCheck checks the invariants, prints them as a table with what the
@@ -525,7 +526,7 @@ func soakCheck(t *testing.T, cfg soakConfig, pays []*soakPayment, st *soakStats)
 	}
 	events0 := map[string]paid{}
 	rows, err := s.payDB.Query(bg(), `SELECT p.id, p.amount_paise, o.occurred_at, o.id FROM payments p
-		JOIN outbox o ON o.aggregate_id = p.id AND o.event_type = $2 WHERE p.id = ANY($1)`, ackIDs, events.PaymentSucceeded)
+		JOIN outbox o ON o.aggregate_id = p.id AND o.event_type = $2 WHERE p.id = ANY($1)`, ackIDs, contract.PaymentSucceeded)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -218,7 +219,7 @@ type credit struct {
 func newCredit() (credit, error) {
 	pay := "pay_" + uuid.NewString()[:18]
 	user := fmt.Sprintf("u_%d", rand.IntN(10000))
-	e, err := events.New(events.PaymentSucceeded, pay, 1,
+	e, err := events.New(contract.PaymentSucceeded, pay, 1,
 		map[string]any{"payment_id": pay, "user_id": user, "amount_paise": 120000, "currency": "INR"})
 	if err != nil {
 		return credit{}, err

@@ -42,6 +42,7 @@ import (
 	"github.com/effectively-once/payments-cashback/internal/stack"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // The story of docs/design.md ("The story").
@@ -221,9 +222,9 @@ func (d *demo) story(ctx context.Context) (*result, error) {
 		payload []byte
 		headers map[string]string
 	)
-	env.EventType, env.AggregateID = events.PaymentSucceeded, p.ID
+	env.EventType, env.AggregateID = contract.PaymentSucceeded, p.ID
 	err = pdb.QueryRow(ctx, `SELECT id, aggregate_version, payload, headers, occurred_at FROM outbox
-		WHERE aggregate_id = $1 AND event_type = $2`, p.ID, events.PaymentSucceeded).
+		WHERE aggregate_id = $1 AND event_type = $2`, p.ID, contract.PaymentSucceeded).
 		Scan(&env.EventID, &env.AggregateVersion, &payload, &headers, &env.OccurredAt)
 	if err != nil {
 		return nil, fmt.Errorf("read the PaymentSucceeded outbox row of %s: %w", p.ID, err)
@@ -286,7 +287,7 @@ func (d *demo) story(ctx context.Context) (*result, error) {
 		return nil, fmt.Errorf("read processed_messages: %w", err)
 	}
 	if err := rdb.QueryRow(ctx, `SELECT id FROM outbox WHERE aggregate_id = $1 AND event_type = $2 ORDER BY created_at LIMIT 1`,
-		p.ID, events.CashbackCredited).Scan(&r.cashbackID); err != nil {
+		p.ID, contract.CashbackCredited).Scan(&r.cashbackID); err != nil {
 		return nil, fmt.Errorf("read the CashbackCredited outbox row of %s: %w", p.ID, err)
 	}
 

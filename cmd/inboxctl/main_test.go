@@ -13,6 +13,7 @@ import (
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -26,7 +27,7 @@ func inboxctl(t *testing.T, args ...string) (code int, stdout, stderr string) {
 
 func event(t *testing.T, key string, version int64) events.Envelope {
 	t.Helper()
-	e, err := events.New(events.CashbackCredited, key, version, map[string]int{"amount_paise": 2400})
+	e, err := events.New(contract.CashbackCredited, key, version, map[string]int{"amount_paise": 2400})
 	if err != nil {
 		t.Fatal(err)
 	}

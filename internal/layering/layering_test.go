@@ -70,3 +70,19 @@ func TestEveryLibraryPackageImportsOnlyWhatItsLayerAllows(t *testing.T) {
 		}
 	}
 }
+
+// The library names no event type of this system: those live in
+// services/contract, so a copy of pkg/ carries no payments vocabulary.
+func TestTheLibraryNamesNoEventTypeOfThisSystem(t *testing.T) {
+	names := []string{"PaymentSucceeded", "PaymentRefunded", "CashbackCredited", "CashbackReversed"}
+	for path, text := range sourceFiles(t) {
+		if !strings.HasPrefix(path, "pkg/") || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		for _, n := range names {
+			if strings.Contains(text, `"`+n+`"`) {
+				t.Errorf("%s names the event type %q: move it to services/contract", path, n)
+			}
+		}
+	}
+}

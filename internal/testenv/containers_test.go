@@ -25,7 +25,7 @@ func outboxToQueue(t *testing.T, pool *pgxpool.Pool, client *sqs.Client, queueUR
 	if err := outbox.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	e, err := events.New(events.PaymentSucceeded, "pay_42", 1, map[string]any{"payment_id": "pay_42", "amount_paise": 120000})
+	e, err := events.New("PaymentSucceeded", "pay_42", 1, map[string]any{"payment_id": "pay_42", "amount_paise": 120000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,14 +26,6 @@ import (
 // anything bigger before parsing it.
 const MaxBodyBytes = 256 * 1024
 
-// Event types of this system. Consumers treat any other type as poison.
-const (
-	PaymentSucceeded = "PaymentSucceeded"
-	PaymentRefunded  = "PaymentRefunded"
-	CashbackCredited = "CashbackCredited"
-	CashbackReversed = "CashbackReversed"
-)
-
 // Envelope is the JSON body of every SQS message.
 type Envelope struct {
 	EventID          uuid.UUID       `json:"event_id"`

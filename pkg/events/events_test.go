@@ -13,7 +13,7 @@ import (
 
 func validBody(t *testing.T) []byte {
 	t.Helper()
-	e, err := New(PaymentSucceeded, "pay_42", 1, map[string]any{"amount_paise": 120000})
+	e, err := New("PaymentSucceeded", "pay_42", 1, map[string]any{"amount_paise": 120000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,7 +25,7 @@ func validBody(t *testing.T) []byte {
 }
 
 func TestRoundTrip(t *testing.T) {
-	e, err := New(PaymentSucceeded, "pay_42", 1, map[string]any{"amount_paise": 120000, "user_id": "u_17"})
+	e, err := New("PaymentSucceeded", "pay_42", 1, map[string]any{"amount_paise": 120000, "user_id": "u_17"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestDecodeRejects(t *testing.T) {
 }
 
 func TestHashIgnoresWhitespaceButNotContent(t *testing.T) {
-	e, _ := New(PaymentSucceeded, "pay_42", 1, map[string]any{"amount_paise": 120000})
+	e, _ := New("PaymentSucceeded", "pay_42", 1, map[string]any{"amount_paise": 120000})
 	spaced := e
 	spaced.Payload = json.RawMessage(`{ "amount_paise" : 120000 }`)
 	if !bytes.Equal(e.Hash(), spaced.Hash()) {
@@ -125,7 +125,7 @@ func TestHashIgnoresWhitespaceButNotContent(t *testing.T) {
 }
 
 func TestDecodeRefusesDuplicateFieldsAndBytesThatAreNotUTF8(t *testing.T) {
-	e, err := New(PaymentSucceeded, "pay_42", 1, map[string]any{"user_id": "u_17"})
+	e, err := New("PaymentSucceeded", "pay_42", 1, map[string]any{"user_id": "u_17"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 // id, same content hash), or a *DecodeError naming the field, so the
 // subscriber can park the message with a reason.
 func FuzzDecode(f *testing.F) {
-	valid, err := events.New(events.PaymentSucceeded, "pay_42", 1,
+	valid, err := events.New("PaymentSucceeded", "pay_42", 1,
 		map[string]any{"payment_id": "pay_42", "user_id": "u_17", "amount_paise": 120000, "currency": "INR"})
 	if err != nil {
 		f.Fatal(err)

@@ -5,10 +5,7 @@ import "regexp"
 // MaxIDLength bounds the identifiers events carry (payment and user ids).
 const MaxIDLength = 128
 
-var (
-	idShape    = regexp.MustCompile(`^[A-Za-z0-9_.:@-]{1,128}$`)
-	phoneShape = regexp.MustCompile(`^\+[1-9][0-9]{7,14}$`)
-)
+var idShape = regexp.MustCompile(`^[A-Za-z0-9_.:@-]{1,128}$`)
 
 // ValidID reports whether s has the shape of an identifier in an event
 // (pay_…, u_17): 1 to MaxIDLength ASCII letters, digits and _ . : @ -.
@@ -16,6 +13,3 @@ var (
 // no spaces, quotes, control, invisible or bidi characters, no homoglyphs,
 // no U+FFFD standing in for bytes that were not UTF-8.
 func ValidID(s string) bool { return idShape.MatchString(s) }
-
-// ValidPhone reports whether s is an E.164 phone number (+ and 8-15 digits).
-func ValidPhone(s string) bool { return phoneShape.MatchString(s) }

@@ -22,11 +22,11 @@ import (
 	"syscall"
 )
 
-// Step names used by this project's code.
+// Step names of the library's own crash points. A service names its own
+// steps next to the code that hits them.
 const (
 	AfterPublishBeforeMark  = "after-publish-before-mark"  // outbox relay: sent to SQS, not yet marked published
 	AfterCommitBeforeDelete = "after-commit-before-delete" // consumer: effect committed, SQS message not yet deleted
-	InSending               = "in-sending"                 // notifications: row is SENDING, provider called
 )
 
 type point struct {

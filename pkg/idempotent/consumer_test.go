@@ -37,7 +37,7 @@ func setup(t *testing.T) *pgxpool.Pool {
 
 func newEvent(t *testing.T, amount int64) events.Envelope {
 	t.Helper()
-	e, err := events.New(events.PaymentSucceeded, "pay_42", 1, map[string]int64{"amount_paise": amount})
+	e, err := events.New("PaymentSucceeded", "pay_42", 1, map[string]int64{"amount_paise": amount})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ func newInbox(t testing.TB, pool *pgxpool.Pool, consumer string, cfg idempotent.
 
 func keyedEvent(t testing.TB, key string, version int64) events.Envelope {
 	t.Helper()
-	e, err := events.New(events.CashbackCredited, key, version, map[string]any{"key": key, "version": version})
+	e, err := events.New("CashbackCredited", key, version, map[string]any{"key": key, "version": version})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -299,7 +299,7 @@ func TestInboxPoisonRowFailsBlocksItsKeyAndReplayUnblocks(t *testing.T) {
 	if err != nil || len(got) != 1 {
 		t.Fatalf("replay by id: %v, %v", got, err)
 	}
-	got, err = idempotent.Replay(ctx, pool, idempotent.ReplayFilter{Consumer: "notifications", EventType: events.CashbackCredited})
+	got, err = idempotent.Replay(ctx, pool, idempotent.ReplayFilter{Consumer: "notifications", EventType: "CashbackCredited"})
 	if err != nil || len(got) != 1 || got[0].MessageID != flaky.EventID {
 		t.Fatalf("replay by filter: %v, %v; want the flaky row", got, err)
 	}

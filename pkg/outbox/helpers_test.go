@@ -56,7 +56,7 @@ func queue(t testing.TB) (*sqs.Client, string, *sqstransport.Publisher) {
 
 func newEvent(t testing.TB, i int) events.Envelope {
 	t.Helper()
-	e, err := events.New(events.PaymentSucceeded, fmt.Sprintf("pay_%d", i), 1,
+	e, err := events.New("PaymentSucceeded", fmt.Sprintf("pay_%d", i), 1,
 		map[string]any{"payment_id": fmt.Sprintf("pay_%d", i), "user_id": "u_17", "amount_paise": 120000})
 	if err != nil {
 		t.Fatal(err)

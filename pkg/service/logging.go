@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/go-chi/chi/v5/middleware"
 	"go.opentelemetry.io/otel/trace"
@@ -54,20 +53,4 @@ func (h contextHandler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h contextHandler) WithGroup(name string) slog.Handler {
 	return contextHandler{h.Handler.WithGroup(name)}
-}
-
-// MaskPhone hides a phone number for logs, keeping the country code and
-// the last four digits ("+91******3210") so a support person can still
-// match it; anything that is not a +digits number is returned unchanged
-// (a user id used as the recipient is not personal data of that kind).
-func MaskPhone(s string) string {
-	if len(s) < 8 || s[0] != '+' {
-		return s
-	}
-	for _, c := range s[1:] {
-		if c < '0' || c > '9' {
-			return s
-		}
-	}
-	return s[:3] + strings.Repeat("*", len(s)-7) + s[len(s)-4:]
 }

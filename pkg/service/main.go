@@ -23,13 +23,18 @@ type App interface {
 	Close()
 }
 
+// Configured is what Main asks of a service's config struct: that it embeds
+// Process (service.Process with the tag envPrefix:""), so the runner's deadline is
+// loaded with everything else.
+type Configured interface{ ProcessConfig() Process }
+
 // Main is the whole main function of a service that has one database: it
 // loads the config C from the environment, sets up logs and telemetry,
 // opens the database (waiting up to a minute for it), builds the app (which
 // opens its own transports, such as an SQS client) and runs its tasks until
 // SIGTERM. Any start-up
 // error is logged and exits with status 1.
-func Main[C any](name string, databaseURL func(C) string, build func(context.Context, C, Deps) (App, error)) {
+func Main[C Configured](name string, databaseURL func(C) string, build func(context.Context, C, Deps) (App, error)) {
 	log := NewLogger(name)
 	cfg, err := LoadConfig[C]()
 	if err != nil {
@@ -50,7 +55,7 @@ func Main[C any](name string, databaseURL func(C) string, build func(context.Con
 	if err != nil {
 		Fatal(log, "start", err)
 	}
-	err = Run(ctx, log, app.Tasks()...)
+	err = Run(ctx, log, cfg.ProcessConfig().ShutdownTimeout, app.Tasks()...)
 	app.Close()
 	pool.Close()
 	_ = tel.Shutdown(context.Background())

@@ -52,11 +52,7 @@ func nameVariables(t reflect.Type, err error) error {
 		return err
 	}
 	vars := map[string]string{}
-	for i := range t.NumField() {
-		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("env"), ","); name != "" {
-			vars[t.Field(i).Name] = name
-		}
-	}
+	variableNames(t, "", vars)
 	errs := make([]error, 0, len(agg.Errors))
 	for _, e := range agg.Errors {
 		var pe env.ParseError
@@ -66,6 +62,21 @@ func nameVariables(t reflect.Type, err error) error {
 		errs = append(errs, e)
 	}
 	return errors.Join(errs...)
+}
+
+// variableNames maps the Go field names of t, and of the structs it nests
+// with an envPrefix (embedded ones included), to their variable names.
+func variableNames(t reflect.Type, prefix string, vars map[string]string) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if p, ok := f.Tag.Lookup("envPrefix"); ok && f.Type.Kind() == reflect.Struct {
+			variableNames(f.Type, prefix+p, vars)
+			continue
+		}
+		if name, _, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" && name != "-" {
+			vars[f.Name] = prefix + name
+		}
+	}
 }
 
 // Fatal logs err and exits with status 1: for errors at start-up only.
@@ -114,20 +125,43 @@ type Task struct {
 }
 
 // DefaultShutdownTimeout bounds how long Run waits for tasks to drain after
-// the stop signal; SHUTDOWN_TIMEOUT overrides it. It outlasts the
+// the stop signal when the caller gives no deadline. It outlasts the
 // subscriber's last long poll (20 s) and the HTTP server's drain (10 s).
 const DefaultShutdownTimeout = 30 * time.Second
 
+// Process is the configuration every service's process shares: how long
+// it drains at shutdown and how long its HTTP server waits for a slow
+// client. Embed it in the service's config struct,
+//
+//	service.Process `envPrefix:""`
+//
+// so main loads SHUTDOWN_TIMEOUT, HTTP_READ_TIMEOUT and HTTP_WRITE_TIMEOUT
+// with the rest; no function of this package reads the environment.
+type Process struct {
+	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+	HTTPReadTimeout  time.Duration `env:"HTTP_READ_TIMEOUT" envDefault:"15s"`
+	HTTPWriteTimeout time.Duration `env:"HTTP_WRITE_TIMEOUT" envDefault:"60s"`
+}
+
+// ProcessConfig returns p; a config struct that embeds Process has it, which
+// is what Main asks of its config.
+func (p Process) ProcessConfig() Process { return p }
+
+// HTTP is the server timeouts of p, for HTTPTask and NewHTTPServer.
+func (p Process) HTTP() HTTPTimeouts {
+	return HTTPTimeouts{Read: p.HTTPReadTimeout, Write: p.HTTPWriteTimeout}
+}
+
 // Run runs tasks until SIGINT/SIGTERM or until one fails, then cancels the
-// rest and waits for them to drain, for at most SHUTDOWN_TIMEOUT (default
+// rest and waits for them to drain, for at most shutdown (zero or less:
 // DefaultShutdownTimeout). It returns the first task error, or an error
 // naming the tasks still running at the deadline (the caller then exits
 // and the process's end stops them; everything they had not committed is
 // redelivered or reclaimed, as after a crash).
-func Run(ctx context.Context, log *slog.Logger, tasks ...Task) error {
-	deadline, err := envDuration("SHUTDOWN_TIMEOUT", DefaultShutdownTimeout)
-	if err != nil {
-		return err
+func Run(ctx context.Context, log *slog.Logger, shutdown time.Duration, tasks ...Task) error {
+	deadline := shutdown
+	if deadline <= 0 {
+		deadline = DefaultShutdownTimeout
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -173,14 +207,22 @@ func Run(ctx context.Context, log *slog.Logger, tasks ...Task) error {
 	}
 }
 
-// HTTPTask serves h on addr and shuts the server down gracefully (in-flight
-// requests get up to 10 s) when ctx is cancelled.
-func HTTPTask(addr string, h http.Handler, log *slog.Logger) Task {
+// HTTPTimeouts bound the phases of an HTTP server's connections; a zero
+// field takes its default.
+type HTTPTimeouts struct {
+	// Read covers headers and body [15s]; headers alone get at most 5 s of it.
+	Read time.Duration
+	// Write covers the handler and the response [60s: above the slowest
+	// provider call].
+	Write time.Duration
+}
+
+// HTTPTask serves h on addr with the timeouts of NewHTTPServer, and shuts
+// the server down gracefully (in-flight requests get up to 10 s) when ctx
+// is cancelled.
+func HTTPTask(addr string, h http.Handler, log *slog.Logger, timeouts HTTPTimeouts) Task {
 	return Task{Name: "http " + addr, Run: func(ctx context.Context) error {
-		srv, err := NewHTTPServer(addr, h)
-		if err != nil {
-			return err
-		}
+		srv := NewHTTPServer(addr, h, timeouts)
 		errc := make(chan error, 1)
 		go func() { errc <- srv.ListenAndServe() }()
 		select {
@@ -199,34 +241,19 @@ func HTTPTask(addr string, h http.Handler, log *slog.Logger) Task {
 
 // NewHTTPServer is the http.Server of HTTPTask: bounded in every phase, so
 // a slow or stalled client (slowloris: headers or a body dribbled a byte at
-// a time) holds a connection for seconds, not forever. The read timeout
-// covers headers and body (HTTP_READ_TIMEOUT, default 15s; headers alone
-// get at most 5 s of it), the write timeout the handler and the response
-// (HTTP_WRITE_TIMEOUT, default 60s: above the slowest provider call), and
-// idle keep-alive connections close after 60 s. Headers are capped at 64 KiB.
-func NewHTTPServer(addr string, h http.Handler) (*http.Server, error) {
-	read, err := envDuration("HTTP_READ_TIMEOUT", 15*time.Second)
-	if err != nil {
-		return nil, err
+// a time) holds a connection for seconds, not forever. Reads and writes are
+// bounded by t; idle keep-alive connections close after 60 s; headers are
+// capped at 64 KiB.
+func NewHTTPServer(addr string, h http.Handler, t HTTPTimeouts) *http.Server {
+	read, write := t.Read, t.Write
+	if read <= 0 {
+		read = 15 * time.Second
 	}
-	write, err := envDuration("HTTP_WRITE_TIMEOUT", 60*time.Second)
-	if err != nil {
-		return nil, err
+	if write <= 0 {
+		write = 60 * time.Second
 	}
 	return &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: min(read, 5*time.Second), ReadTimeout: read,
-		WriteTimeout: write, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 64 << 10}, nil
-}
-
-func envDuration(name string, def time.Duration) (time.Duration, error) {
-	v := os.Getenv(name)
-	if v == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("%s %q: want a positive duration such as 15s", name, v)
-	}
-	return d, nil
+		WriteTimeout: write, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 64 << 10}
 }
 
 // DefaultListenHost is the interface a service binds when LISTEN_ADDR is

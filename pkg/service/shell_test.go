@@ -140,14 +140,14 @@ func TestLogConfigMasksSecretsAndURLPasswords(t *testing.T) {
 	}
 }
 
+// Run stops waiting at the deadline it is given and names what still runs.
 func TestRunStopsWaitingForATaskThatIgnoresCancellationAtTheShutdownDeadline(t *testing.T) {
-	t.Setenv("SHUTDOWN_TIMEOUT", "300ms")
 	ctx, cancel := context.WithCancel(context.Background())
 	block := make(chan struct{})
 	defer close(block)
 	done := make(chan error, 1)
 	go func() {
-		done <- service.Run(ctx, slog.New(slog.DiscardHandler),
+		done <- service.Run(ctx, slog.New(slog.DiscardHandler), 300*time.Millisecond,
 			service.Task{Name: "polite", Run: func(ctx context.Context) error { <-ctx.Done(); return nil }},
 			service.Task{Name: "stuck", Run: func(context.Context) error { <-block; return nil }})
 	}()
@@ -165,10 +165,29 @@ func TestRunStopsWaitingForATaskThatIgnoresCancellationAtTheShutdownDeadline(t *
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run still waiting 5 s after cancel: the deadline did not hold")
 	}
+}
 
+// The process settings are loaded with the service's config, by name, with
+// their defaults; a malformed one is refused at start, named.
+func TestProcessSettingsLoadWithTheServiceConfigAndAreRefusedByName(t *testing.T) {
+	type config struct {
+		service.Process `envPrefix:""`
+		Port            string `env:"PORT" envDefault:"8081"`
+	}
+	t.Setenv("HTTP_READ_TIMEOUT", "500ms")
+	cfg, err := service.LoadConfig[config]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ShutdownTimeout != service.DefaultShutdownTimeout || cfg.HTTP() != (service.HTTPTimeouts{Read: 500 * time.Millisecond, Write: time.Minute}) {
+		t.Errorf("process config %+v", cfg.Process)
+	}
+	if srv := service.NewHTTPServer(":0", nil, cfg.HTTP()); srv.ReadTimeout != 500*time.Millisecond || srv.ReadHeaderTimeout != 500*time.Millisecond || srv.WriteTimeout != time.Minute {
+		t.Errorf("server timeouts read %v header %v write %v", srv.ReadTimeout, srv.ReadHeaderTimeout, srv.WriteTimeout)
+	}
 	t.Setenv("SHUTDOWN_TIMEOUT", "soon")
-	if err := service.Run(context.Background(), slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "SHUTDOWN_TIMEOUT") {
-		t.Errorf("bad SHUTDOWN_TIMEOUT: Run returned %v", err)
+	if _, err := service.LoadConfig[config](); err == nil || !strings.Contains(err.Error(), "SHUTDOWN_TIMEOUT") {
+		t.Errorf("SHUTDOWN_TIMEOUT=soon: LoadConfig returned %v", err)
 	}
 }
 
@@ -209,19 +228,5 @@ func TestTraceExporterIsChosenByTheStandardVariablesAndIsNoneWhenUnset(t *testin
 				t.Errorf("exporter %q, want %q", tel.Exporter, c.want)
 			}
 		})
-	}
-}
-
-func TestMaskPhoneKeepsTheCountryCodeAndLastFourDigitsOnly(t *testing.T) {
-	for in, want := range map[string]string{
-		"+919876543210": "+91******3210",
-		"+14155552671":  "+14*****2671",
-		"u_17":          "u_17",
-		"+91 98765":     "+91 98765", // not a number: not a phone, left alone
-		"+1234":         "+1234",
-	} {
-		if got := service.MaskPhone(in); got != want {
-			t.Errorf("MaskPhone(%q) = %q, want %q", in, got, want)
-		}
 	}
 }

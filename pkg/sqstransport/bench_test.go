@@ -3,7 +3,6 @@ package sqstransport_test
 import (
 	"context"
 	"fmt"
-	"github.com/effectively-once/payments-cashback/internal/sqscount"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -11,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/effectively-once/payments-cashback/internal/sqscount"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/effectively-once/payments-cashback/internal/testenv"
-	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 )
@@ -37,7 +37,7 @@ func relayMessages(b testing.TB, n int) []outbox.Message {
 			b.Fatal(err)
 		}
 		msgs[i] = outbox.Message{ID: e.EventID, Body: body, Attributes: map[string]string{
-			"event_id": e.EventID.String(), "event_type": events.PaymentSucceeded,
+			"event_id": e.EventID.String(), "event_type": "PaymentSucceeded",
 			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
 	}
 	return msgs

@@ -70,7 +70,7 @@ func queueName(u string) string { return u[strings.LastIndex(u, "/")+1:] }
 
 func newEvent(t testing.TB, i int) events.Envelope {
 	t.Helper()
-	e, err := events.New(events.PaymentSucceeded, fmt.Sprintf("pay_%d", i), 1, map[string]any{"amount_paise": 120000 + i})
+	e, err := events.New("PaymentSucceeded", fmt.Sprintf("pay_%d", i), 1, map[string]any{"amount_paise": 120000 + i})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,6 +48,8 @@ import (
 )
 
 type config struct {
+	service.Process `envPrefix:""` // SHUTDOWN_TIMEOUT, HTTP_READ_TIMEOUT, HTTP_WRITE_TIMEOUT
+
 	DatabaseURL string `env:"PAYMENTS_DATABASE_URL,required,notEmpty"`
 	Port        string `env:"PORT" envDefault:"8081"`
 	ListenAddr  string `env:"LISTEN_ADDR"` // host to bind; "" = 127.0.0.1
@@ -205,8 +207,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	tasks = append(tasks, service.HTTPTask(addr, router, log))
-	return service.Run(ctx, log, tasks...)
+	tasks = append(tasks, service.HTTPTask(addr, router, log, cfg.HTTP()))
+	return service.Run(ctx, log, cfg.ShutdownTimeout, tasks...)
 }
 
 // newRelay builds the outbox relay to the PAYMENTS_QUEUE queue, waiting for

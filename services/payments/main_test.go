@@ -22,6 +22,7 @@ import (
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/service"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -212,7 +213,7 @@ func (s *stack) assertPublished(t *testing.T, m types.Message, paymentID string)
 	if err != nil {
 		t.Fatalf("body does not decode: %v\n%s", err, aws.ToString(m.Body))
 	}
-	if e.EventType != events.PaymentSucceeded || e.AggregateID != paymentID || e.AggregateVersion != 1 {
+	if e.EventType != contract.PaymentSucceeded || e.AggregateID != paymentID || e.AggregateVersion != 1 {
 		t.Errorf("envelope %+v", e)
 	}
 	var payload map[string]any
@@ -224,8 +225,8 @@ func (s *stack) assertPublished(t *testing.T, m types.Message, paymentID string)
 		t.Errorf("payload %v", payload)
 	}
 	attr := func(name string) string { return aws.ToString(m.MessageAttributes[name].StringValue) }
-	if attr("event_id") != e.EventID.String() || attr("event_type") != events.PaymentSucceeded {
-		t.Errorf("attributes event_id=%q event_type=%q, want %s %s", attr("event_id"), attr("event_type"), e.EventID, events.PaymentSucceeded)
+	if attr("event_id") != e.EventID.String() || attr("event_type") != contract.PaymentSucceeded {
+		t.Errorf("attributes event_id=%q event_type=%q, want %s %s", attr("event_id"), attr("event_type"), e.EventID, contract.PaymentSucceeded)
 	}
 	// The event id is the outbox row's, and the row is marked published.
 	var published bool

@@ -146,7 +146,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 
 func event(t *testing.T, key string, version int64) events.Envelope {
 	t.Helper()
-	e, err := events.New(events.CashbackCredited, key, version, map[string]any{"amount_paise": 2400})
+	e, err := events.New("CashbackCredited", key, version, map[string]any{"amount_paise": 2400})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,8 @@ const ConsumerName = "notifications"
 
 // Config is the service's environment.
 type Config struct {
+	service.Process `envPrefix:""` // SHUTDOWN_TIMEOUT, HTTP_READ_TIMEOUT, HTTP_WRITE_TIMEOUT
+
 	DatabaseURL string `env:"NOTIFICATIONS_DATABASE_URL,required,notEmpty"`
 	Port        string `env:"PORT" envDefault:"8083"`
 	// ListenAddr is the host to bind ("" = 127.0.0.1; 0.0.0.0 in a container).
@@ -100,6 +102,7 @@ type App struct {
 	processor  *idempotent.Processor
 	maintainer *idempotent.Maintainer
 	addr       string
+	http       service.HTTPTimeouts
 	log        *slog.Logger
 }
 
@@ -187,7 +190,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		return nil, err
 	}
 	return &App{Sender: snd, Inbox: inbox, Router: r, subscriber: sub, processor: proc, maintainer: maint,
-		addr: addr, log: log}, nil
+		addr: addr, http: cfg.HTTP(), log: log}, nil
 }
 
 // receiver stores each delivery in the inbox and acks it at once. Events
@@ -206,7 +209,7 @@ func receiver(inbox *idempotent.Inbox) sqstransport.Handler {
 
 // Tasks are the service's long-running parts, for service.Run.
 func (a *App) Tasks() []service.Task {
-	return append([]service.Task{service.HTTPTask(a.addr, a.Router, a.log)}, a.Workers()...)
+	return append([]service.Task{service.HTTPTask(a.addr, a.Router, a.log, a.http)}, a.Workers()...)
 }
 
 // Workers are Tasks without the HTTP server (tests serve Router themselves).

@@ -20,6 +20,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/effectively-once/payments-cashback/services/notifications/api"
 	"github.com/effectively-once/payments-cashback/services/notifications/app"
 	"github.com/effectively-once/payments-cashback/services/notifications/intent"
@@ -72,7 +73,7 @@ func start(t *testing.T, mutate func(*app.Config)) *stack {
 	s.http = httptest.NewServer(a.Router)
 	t.Cleanup(s.http.Close)
 	done := make(chan error, 1)
-	go func() { done <- service.Run(ctx, log, a.Workers()...) }()
+	go func() { done <- service.Run(ctx, log, 0, a.Workers()...) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -153,7 +154,7 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 
 func credited(t *testing.T) events.Envelope {
 	t.Helper()
-	e, err := events.New(events.CashbackCredited, "pay_42", 1, map[string]any{
+	e, err := events.New(contract.CashbackCredited, "pay_42", 1, map[string]any{
 		"payment_id": "pay_42", "user_id": "u_17", "amount_paise": 2400, "rate_bp": 200, "recipient": "u_17"})
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +208,7 @@ func TestIntentRecordedOnceAndSentOnce(t *testing.T) {
 func TestReversalNotified(t *testing.T) {
 	s := start(t, nil)
 	c := credited(t)
-	r, err := events.New(events.CashbackReversed, "pay_42", 2, map[string]any{
+	r, err := events.New(contract.CashbackReversed, "pay_42", 2, map[string]any{
 		"payment_id": "pay_42", "user_id": "u_17", "amount_paise": 2400, "reason": "payment refunded"})
 	if err != nil {
 		t.Fatal(err)
@@ -251,7 +252,7 @@ func TestProviderFailuresThenSent(t *testing.T) {
 // time; nothing enters the inbox.
 func TestUnknownTypeParkedInDLQ(t *testing.T) {
 	s := start(t, nil)
-	e, err := events.New(events.PaymentSucceeded, "pay_42", 1, map[string]any{"payment_id": "pay_42", "user_id": "u_17"})
+	e, err := events.New(contract.PaymentSucceeded, "pay_42", 1, map[string]any{"payment_id": "pay_42", "user_id": "u_17"})
 	if err != nil {
 		t.Fatal(err)
 	}

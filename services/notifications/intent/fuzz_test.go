@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // FuzzBuild: a cashback event's payload becomes an SMS intent with a
@@ -30,10 +31,10 @@ func FuzzBuild(f *testing.F) {
 		"{\"recipient\":\"\xff\xfe\",\"amount_paise\":1}",
 		`{}`, `null`, `"x"`,
 	} {
-		f.Add([]byte(seed), events.CashbackCredited)
-		f.Add([]byte(seed), events.CashbackReversed)
+		f.Add([]byte(seed), contract.CashbackCredited)
+		f.Add([]byte(seed), contract.CashbackReversed)
 	}
-	f.Add([]byte(`{"user_id":"u_17","amount_paise":2400}`), events.PaymentSucceeded)
+	f.Add([]byte(`{"user_id":"u_17","amount_paise":2400}`), contract.PaymentSucceeded)
 	id := uuid.Must(uuid.NewV7())
 	f.Fuzz(func(t *testing.T, payload []byte, eventType string) {
 		e := events.Envelope{EventID: id, EventType: eventType, AggregateID: "pay_42", Payload: json.RawMessage(payload)}

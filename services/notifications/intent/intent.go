@@ -16,6 +16,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Channel is the only channel so far.
@@ -70,7 +71,7 @@ func Build(e events.Envelope) (Intent, error) {
 	if to == "" {
 		return Intent{}, sqstransport.Permanent(fmt.Errorf("%s payload: no recipient nor user_id", e.EventType))
 	}
-	if !events.ValidPhone(to) && !events.ValidID(to) {
+	if !contract.ValidPhone(to) && !events.ValidID(to) {
 		// The value stays out of the error: it may be a malformed number.
 		return Intent{}, sqstransport.Permanent(fmt.Errorf("%s payload: recipient is neither an E.164 number nor a user id", e.EventType))
 	}
@@ -84,10 +85,10 @@ func Build(e events.Envelope) (Intent, error) {
 	}
 	in := Intent{EventID: e.EventID, EventType: e.EventType, Recipient: to}
 	switch e.EventType {
-	case events.CashbackCredited:
+	case contract.CashbackCredited:
 		in.Kind = KindCashback
 		in.Body = fmt.Sprintf("You got %s cashback on payment %s. It is in your wallet.", Rupees(p.AmountPaise), p.PaymentID)
-	case events.CashbackReversed:
+	case contract.CashbackReversed:
 		in.Kind = KindCashbackReversed
 		in.Body = fmt.Sprintf("The %s cashback on payment %s was reversed: the payment was refunded.", Rupees(p.AmountPaise), p.PaymentID)
 	default:

@@ -7,6 +7,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 func TestRupees(t *testing.T) {
@@ -19,7 +20,7 @@ func TestRupees(t *testing.T) {
 }
 
 func TestBuild(t *testing.T) {
-	e, _ := events.New(events.CashbackCredited, "pay_42", 1, map[string]any{"payment_id": "pay_42", "user_id": "u_17", "amount_paise": 2400})
+	e, _ := events.New(contract.CashbackCredited, "pay_42", 1, map[string]any{"payment_id": "pay_42", "user_id": "u_17", "amount_paise": 2400})
 	in, err := Build(e)
 	if err != nil || in.Kind != KindCashback || in.Recipient != "u_17" || !strings.Contains(in.Body, "₹24.00") {
 		t.Errorf("Build = %+v, %v", in, err)
@@ -28,8 +29,8 @@ func TestBuild(t *testing.T) {
 		t.Errorf("Key = %q", Key(e.EventID))
 	}
 	for _, bad := range []events.Envelope{
-		must(events.New(events.PaymentSucceeded, "pay_42", 1, map[string]any{"user_id": "u_17"})),
-		must(events.New(events.CashbackCredited, "pay_42", 1, map[string]any{"amount_paise": 2400})),
+		must(events.New(contract.PaymentSucceeded, "pay_42", 1, map[string]any{"user_id": "u_17"})),
+		must(events.New(contract.CashbackCredited, "pay_42", 1, map[string]any{"amount_paise": 2400})),
 	} {
 		if _, err := Build(bad); !sqstransport.IsPermanent(err) {
 			t.Errorf("Build(%s %s) = %v, want a permanent error", bad.EventType, bad.Payload, err)

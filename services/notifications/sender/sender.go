@@ -10,7 +10,7 @@
 //     the lease. The SENDING state is durable BEFORE the provider is called.
 //  2. Send: each claimed row is sent with its idempotency key, bounded by
 //     SendTimeout (the provider hanging costs one timeout, never the loop).
-//     failpoint.Hit(failpoint.InSending) runs right after the call returns,
+//     failpoint.Hit(InSending) runs right after the call returns,
 //     before anything is recorded: the crash window the reconciler covers.
 //  3. Record, fenced by claim_id (a sender that lost its lease changes
 //     nothing): accepted → SENT with the provider's message id; rejected →
@@ -54,7 +54,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
-	"github.com/effectively-once/payments-cashback/pkg/service"
+	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/effectively-once/payments-cashback/services/notifications/sms"
 )
 
@@ -226,6 +226,11 @@ type row struct {
 	Traceparent *string
 }
 
+// InSending is the failpoint between the provider's answer and the SENT
+// mark: the row is SENDING and the provider has the message
+// (FAILPOINTS=in-sending kills the process there).
+const InSending = "in-sending"
+
 const meterName = "github.com/effectively-once/payments-cashback/services/notifications"
 
 const returning = `RETURNING id, event_id, kind, recipient, body, idempotency_key, attempts, claim_id, traceparent`
@@ -280,13 +285,13 @@ func (s *Sender) send(ctx context.Context, r row) {
 	if err != nil {
 		span.RecordError(err)
 	}
-	if failpoint.Hit(failpoint.InSending) {
+	if failpoint.Hit(InSending) {
 		// Armed in-process: behave like a crash here, recording nothing.
 		// The row stays SENDING until the reconciler's lease check.
 		return
 	}
 	log := s.log.With("notification_id", r.ID, "event_id", r.EventID, "idempotency_key", r.Key, "attempt", r.Attempts,
-		"to", service.MaskPhone(r.Recipient))
+		"to", contract.MaskPhone(r.Recipient))
 	if err == nil {
 		s.calls.Add(ctx, 1, metric.WithAttributes(attribute.String("result", "accepted")))
 		s.markSent(ctx, r, receipt.MessageID, log)
@@ -329,7 +334,7 @@ func (s *Sender) ReconcileOnce(ctx context.Context) (int, error) {
 	}
 	s.each(ctx, stuck, func(ctx context.Context, r row) {
 		log := s.log.With("notification_id", r.ID, "event_id", r.EventID, "idempotency_key", r.Key, "attempt", r.Attempts,
-			"to", service.MaskPhone(r.Recipient))
+			"to", contract.MaskPhone(r.Recipient))
 		log.WarnContext(ctx, "notification found SENDING past its lease (sender crashed mid-call): reconciling")
 		s.resolveUnknown(ctx, r, "found SENDING after a crash", log)
 	})

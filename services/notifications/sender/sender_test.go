@@ -17,6 +17,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/pkg/migrate"
 	"github.com/effectively-once/payments-cashback/pkg/service"
+	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/effectively-once/payments-cashback/services/notifications/intent"
 	"github.com/effectively-once/payments-cashback/services/notifications/migrations"
 	"github.com/effectively-once/payments-cashback/services/notifications/sender"
@@ -66,7 +67,7 @@ func (e *env) sender(p sms.Provider, cfg sender.Config) *sender.Sender {
 // intent records the SMS intent of a fresh CashbackCredited and returns it.
 func (e *env) intent() events.Envelope {
 	e.t.Helper()
-	ev, err := events.New(events.CashbackCredited, "pay_42", 1, map[string]any{
+	ev, err := events.New(contract.CashbackCredited, "pay_42", 1, map[string]any{
 		"payment_id": "pay_42", "user_id": "u_17", "amount_paise": 2400, "rate_bp": 200, "recipient": "+919800000017"})
 	if err != nil {
 		e.t.Fatal(err)
@@ -176,7 +177,7 @@ func TestPendingSendingSent(t *testing.T) {
 // sender killed at failpoint in-sending would.
 func (e *env) crash(s *sender.Sender, ev events.Envelope) {
 	e.t.Helper()
-	disable := failpoint.Enable(failpoint.InSending, 1)
+	disable := failpoint.Enable(sender.InSending, 1)
 	defer disable()
 	if _, err := s.SendOnce(context.Background()); err != nil {
 		e.t.Fatal(err)

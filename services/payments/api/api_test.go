@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/effectively-once/payments-cashback/services/payments/api"
 	"github.com/effectively-once/payments-cashback/services/payments/store"
 )
@@ -44,7 +44,7 @@ func TestCreatePaymentCommitsPaymentOutboxAndOneCharge(t *testing.T) {
 		t.Fatalf("outbox has %d rows, want 1: %+v", len(out), out)
 	}
 	o := out[0]
-	if o.EventType != events.PaymentSucceeded || o.AggregateID != p.ID || o.AggregateVersion != 1 {
+	if o.EventType != contract.PaymentSucceeded || o.AggregateID != p.ID || o.AggregateVersion != 1 {
 		t.Errorf("outbox row %+v", o)
 	}
 	want := map[string]any{"payment_id": p.ID, "user_id": "u_17", "amount_paise": float64(120000), "currency": "INR", "status": "SUCCEEDED"}
@@ -461,7 +461,7 @@ func TestRefundMarksRefundedAndEmitsPaymentRefunded(t *testing.T) {
 	}
 	var refunded *outboxRow
 	for i := range out {
-		if out[i].EventType == events.PaymentRefunded {
+		if out[i].EventType == contract.PaymentRefunded {
 			refunded = &out[i]
 		}
 	}

@@ -168,12 +168,8 @@ func TestAClientOverItsRateLimitGets429AndNothingIsWritten(t *testing.T) {
 // A slowloris body: headers at once, then the body a byte at a time. The
 // server's read timeout ends it with 408; nothing is written.
 func TestASlowBodyIsCutOffByTheReadTimeoutAndWritesNothing(t *testing.T) {
-	t.Setenv("HTTP_READ_TIMEOUT", "500ms")
 	e := newEnvWith(t, time.Minute, 10000, func(h http.Handler) string {
-		srv, err := service.NewHTTPServer("127.0.0.1:0", h)
-		if err != nil {
-			t.Fatal(err)
-		}
+		srv := service.NewHTTPServer("127.0.0.1:0", h, service.HTTPTimeouts{Read: 500 * time.Millisecond})
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)

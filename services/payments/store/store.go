@@ -18,6 +18,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Statuses of a payment.
@@ -100,7 +101,7 @@ func InsertSucceeded(ctx context.Context, tx pgx.Tx, p Payment) (Payment, error)
 	if err != nil {
 		return Payment{}, fmt.Errorf("insert payment %s: %w", p.ID, err)
 	}
-	return stored, emit(ctx, tx, events.PaymentSucceeded, stored)
+	return stored, emit(ctx, tx, contract.PaymentSucceeded, stored)
 }
 
 // MarkRefunded moves a SUCCEEDED payment, read at version fromVersion, to
@@ -117,7 +118,7 @@ func MarkRefunded(ctx context.Context, tx pgx.Tx, id string, fromVersion int64, 
 	if err != nil {
 		return Payment{}, fmt.Errorf("refund payment %s: %w", id, err)
 	}
-	return p, emit(ctx, tx, events.PaymentRefunded, p)
+	return p, emit(ctx, tx, contract.PaymentRefunded, p)
 }
 
 func emit(ctx context.Context, tx pgx.Tx, eventType string, p Payment) error {

@@ -27,6 +27,8 @@ import (
 
 // Config is the service's environment.
 type Config struct {
+	service.Process `envPrefix:""` // SHUTDOWN_TIMEOUT, HTTP_READ_TIMEOUT, HTTP_WRITE_TIMEOUT
+
 	DatabaseURL string `env:"REWARDS_DATABASE_URL,required,notEmpty"`
 	Port        string `env:"PORT" envDefault:"8082"`
 	// ListenAddr is the host to bind ("" = 127.0.0.1; 0.0.0.0 in a container).
@@ -77,6 +79,7 @@ type App struct {
 	relay      *outbox.Relay
 	maintainer *idempotent.Maintainer
 	addr       string
+	http       service.HTTPTimeouts
 	log        *slog.Logger
 }
 
@@ -186,13 +189,13 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		"sqs " + cfg.RewardsQueue:  sqstransport.QueueCheck(client, cfg.RewardsQueue)})
 	srv.Routes(r)
 	return &App{Processor: proc, Fail: fail, Router: r, pool: pool, subscriber: sub, relay: relay,
-		maintainer: maint, addr: addr, log: log}, nil
+		maintainer: maint, addr: addr, http: cfg.HTTP(), log: log}, nil
 }
 
 // Tasks are the service's long-running parts, for service.Run.
 func (a *App) Tasks() []service.Task {
 	return []service.Task{
-		service.HTTPTask(a.addr, a.Router, a.log),
+		service.HTTPTask(a.addr, a.Router, a.log, a.http),
 		{Name: "subscriber payments-events", Run: a.subscriber.Run},
 		{Name: "outbox relay rewards-events", Run: a.relay.Run},
 		{Name: "dedupe retention maintenance", Run: a.maintainer.Run},

@@ -22,6 +22,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/effectively-once/payments-cashback/services/rewards/app"
 	"github.com/effectively-once/payments-cashback/services/rewards/cashback"
 )
@@ -89,7 +90,7 @@ func start(t *testing.T, o options) *stack {
 	if !o.noWorkers {
 		ctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func() { done <- service.Run(ctx, log, a.Workers()...) }()
+		go func() { done <- service.Run(ctx, log, 0, a.Workers()...) }()
 		t.Cleanup(func() {
 			cancel()
 			if err := <-done; err != nil {
@@ -107,7 +108,7 @@ func name(url string) string { return url[strings.LastIndex(url, "/")+1:] }
 
 func paid(t *testing.T, paymentID, user string, amount int64, version int64) events.Envelope {
 	t.Helper()
-	e, err := events.New(events.PaymentSucceeded, paymentID, version, map[string]any{
+	e, err := events.New(contract.PaymentSucceeded, paymentID, version, map[string]any{
 		"payment_id": paymentID, "user_id": user, "amount_paise": amount, "currency": "INR", "status": "SUCCEEDED"})
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +118,7 @@ func paid(t *testing.T, paymentID, user string, amount int64, version int64) eve
 
 func refunded(t *testing.T, paymentID, user string, amount int64, version int64) events.Envelope {
 	t.Helper()
-	e, err := events.New(events.PaymentRefunded, paymentID, version, map[string]any{
+	e, err := events.New(contract.PaymentRefunded, paymentID, version, map[string]any{
 		"payment_id": paymentID, "user_id": user, "amount_paise": amount, "currency": "INR", "status": "REFUNDED"})
 	if err != nil {
 		t.Fatal(err)
@@ -246,7 +247,7 @@ func TestDuplicateDeliveriesCreditOnce(t *testing.T) {
 	if n := s.count(`SELECT count(*) FROM processed_messages WHERE consumer = 'rewards' AND message_id = $1`, e.EventID); n != 1 {
 		t.Errorf("dedupe rows = %d, want 1", n)
 	}
-	credited := s.outboxEvents(events.CashbackCredited)
+	credited := s.outboxEvents(contract.CashbackCredited)
 	if len(credited) != 1 || credited[0]["amount_paise"] != float64(2400) || credited[0]["rate_bp"] != float64(200) ||
 		credited[0]["payment_id"] != "pay_42" || credited[0]["user_id"] != user || credited[0]["recipient"] != user {
 		t.Errorf("CashbackCredited outbox rows = %v; want one for 2400 paise", credited)
@@ -257,7 +258,7 @@ func TestDuplicateDeliveriesCreditOnce(t *testing.T) {
 		t.Fatalf("rewards-events received %d messages, want 1", len(msgs))
 	}
 	out, err := events.Decode([]byte(aws.ToString(msgs[0].Body)))
-	if err != nil || out.EventType != events.CashbackCredited || out.AggregateID != "pay_42" {
+	if err != nil || out.EventType != contract.CashbackCredited || out.AggregateID != "pay_42" {
 		t.Errorf("published %+v (%v); want CashbackCredited for pay_42", out, err)
 	}
 	if got := aws.ToString(msgs[0].MessageAttributes["event_id"].StringValue); got != out.EventID.String() {
@@ -288,7 +289,7 @@ func TestConcurrentCopiesAndEventIDsCreditOnce(t *testing.T) {
 	if w := s.wallet(user); w.BalancePaise != 2400 {
 		t.Errorf("balance = %d, want 2400", w.BalancePaise)
 	}
-	if n := len(s.outboxEvents(events.CashbackCredited)); n != 1 {
+	if n := len(s.outboxEvents(contract.CashbackCredited)); n != 1 {
 		t.Errorf("CashbackCredited rows = %d, want 1", n)
 	}
 	if n := s.count(`SELECT count(*) FROM processed_messages`); n != 3 {
@@ -309,7 +310,7 @@ func TestSamePaymentUnderTwoEventIDs(t *testing.T) {
 	if w := s.wallet(user); w.BalancePaise != 2400 || len(w.Credits) != 1 {
 		t.Errorf("wallet = %+v; want one credit of 2400", w)
 	}
-	if n := len(s.outboxEvents(events.CashbackCredited)); n != 1 {
+	if n := len(s.outboxEvents(contract.CashbackCredited)); n != 1 {
 		t.Errorf("CashbackCredited rows = %d, want 1", n)
 	}
 	if !s.queueEmpty(s.paysDLQ) {
@@ -413,7 +414,7 @@ func TestRefundReversesOnce(t *testing.T) {
 		w.Credits[0].ReversalEventID == nil || *w.Credits[0].ReversalEventID != r.EventID {
 		t.Errorf("wallet = %+v; want balance 0 and the credit REVERSED by %s", w, r.EventID)
 	}
-	reversed := s.outboxEvents(events.CashbackReversed)
+	reversed := s.outboxEvents(contract.CashbackReversed)
 	if len(reversed) != 1 || reversed[0]["amount_paise"] != float64(2400) {
 		t.Errorf("CashbackReversed rows = %v, want one for 2400", reversed)
 	}
@@ -439,7 +440,7 @@ func TestStalePaidCopyAfterRefundChangesNothing(t *testing.T) {
 	if w.BalancePaise != 0 || len(w.Credits) != 1 || w.Credits[0].Status != "REVERSED" {
 		t.Errorf("wallet = %+v; want balance 0, the one credit still REVERSED", w)
 	}
-	if c, r := len(s.outboxEvents(events.CashbackCredited)), len(s.outboxEvents(events.CashbackReversed)); c != 1 || r != 1 {
+	if c, r := len(s.outboxEvents(contract.CashbackCredited)), len(s.outboxEvents(contract.CashbackReversed)); c != 1 || r != 1 {
 		t.Errorf("outbox: %d CashbackCredited, %d CashbackReversed; want 1 and 1", c, r)
 	}
 	if !strings.Contains(s.logs.String(), "stale copy ignored") {

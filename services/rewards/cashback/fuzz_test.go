@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // FuzzDecodePayment: a payment event's payload, whatever a producer put in
@@ -32,7 +33,7 @@ func FuzzDecodePayment(f *testing.F) {
 		f.Add([]byte(seed), false)
 	}
 	f.Fuzz(func(t *testing.T, payload []byte, needAmount bool) {
-		e := events.Envelope{EventType: events.PaymentSucceeded, AggregateID: "pay_42", Payload: json.RawMessage(payload)}
+		e := events.Envelope{EventType: contract.PaymentSucceeded, AggregateID: "pay_42", Payload: json.RawMessage(payload)}
 		p, err := decodePayment(e, needAmount)
 		var raw struct {
 			Currency *string `json:"currency"`

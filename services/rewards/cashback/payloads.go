@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Currency is the only currency cashback is computed in (amounts are paise).
@@ -71,7 +72,7 @@ func decodePayment(e events.Envelope, needAmount bool) (PaymentPayload, error) {
 		return p, fmt.Errorf("%s payload: payment_id %q is not an id (1-%d of A-Z a-z 0-9 _ . : @ -)", e.EventType, clip(p.PaymentID), events.MaxIDLength)
 	case p.UserID != "" && !events.ValidID(p.UserID):
 		return p, fmt.Errorf("%s payload: user_id %q is not an id (1-%d of A-Z a-z 0-9 _ . : @ -)", e.EventType, clip(p.UserID), events.MaxIDLength)
-	case p.Phone != "" && !events.ValidPhone(p.Phone):
+	case p.Phone != "" && !contract.ValidPhone(p.Phone):
 		return p, fmt.Errorf("%s payload: phone is not an E.164 number", e.EventType) // the number itself stays out of logs
 	case p.PaymentID != e.AggregateID:
 		return p, fmt.Errorf("%s payload: payment_id %q differs from aggregate_id %q", e.EventType, p.PaymentID, e.AggregateID)

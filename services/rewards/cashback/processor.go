@@ -16,6 +16,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // ConsumerName scopes this service's dedupe keys in processed_messages.
@@ -130,13 +131,13 @@ type apply func(ctx context.Context, tx pgx.Tx) (Result, error)
 // effectFor decodes e and picks its effect; an error is permanent.
 func (p *Processor) effectFor(e events.Envelope) (apply, error) {
 	switch e.EventType {
-	case events.PaymentSucceeded:
+	case contract.PaymentSucceeded:
 		pay, err := decodePayment(e, true)
 		if err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, tx pgx.Tx) (Result, error) { return credit(ctx, tx, e, pay) }, nil
-	case events.PaymentRefunded:
+	case contract.PaymentRefunded:
 		pay, err := decodePayment(e, false)
 		if err != nil {
 			return nil, err
@@ -215,7 +216,7 @@ func credit(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPayloa
 	if err := moveWallet(ctx, tx, pay.UserID, amount); err != nil {
 		return "", err
 	}
-	ev, err := events.New(events.CashbackCredited, pay.PaymentID, creditedVersion, CreditedPayload{
+	ev, err := events.New(contract.CashbackCredited, pay.PaymentID, creditedVersion, CreditedPayload{
 		PaymentID: pay.PaymentID, UserID: pay.UserID, AmountPaise: amount, RateBP: rate,
 		PaymentAmountPaise: pay.AmountPaise, Currency: Currency, Recipient: pay.recipient(),
 		SourceEventID: e.EventID.String(),
@@ -264,7 +265,7 @@ func reverse(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPaylo
 	if err := moveWallet(ctx, tx, c.UserID, -c.Amount); err != nil {
 		return "", err
 	}
-	ev, err := events.New(events.CashbackReversed, pay.PaymentID, reversedVersion, ReversedPayload{
+	ev, err := events.New(contract.CashbackReversed, pay.PaymentID, reversedVersion, ReversedPayload{
 		PaymentID: pay.PaymentID, UserID: c.UserID, AmountPaise: c.Amount, RateBP: c.RateBP, Currency: Currency,
 		Recipient: c.Recipient, Reason: "payment refunded", SourceEventID: e.EventID.String(),
 	})

@@ -24,6 +24,8 @@ import (
 )
 
 type config struct {
+	service.Process `envPrefix:""` // SHUTDOWN_TIMEOUT, HTTP_READ_TIMEOUT, HTTP_WRITE_TIMEOUT
+
 	Port        string            `env:"SMS_PROVIDER_PORT" envDefault:"8090"`
 	ListenAddr  string            `env:"LISTEN_ADDR"`
 	AllowRemote bool              `env:"SMS_PROVIDER_ALLOW_REMOTE"`
@@ -43,7 +45,7 @@ func main() {
 	}
 	log.Warn("TEST DOUBLE: development SMS provider; it sends nothing to any phone and keeps messages in memory. Never use it in production",
 		"addr", addr)
-	if err := service.Run(context.Background(), log, service.HTTPTask(addr, h, log)); err != nil {
+	if err := service.Run(context.Background(), log, cfg.ShutdownTimeout, service.HTTPTask(addr, h, log, cfg.HTTP())); err != nil {
 		service.Fatal(log, "stopped", err)
 	}
 }
