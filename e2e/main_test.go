@@ -157,7 +157,7 @@ func setup(m *testing.M) (code int, err error) {
 		}
 		t0 := time.Now()
 		s.local, err = stack.StartLocal(ctx, stack.Options{Root: s.root, Env: s.env,
-			LogDir: logDir, Ready: time.Minute})
+			LogDir: logDir, Ready: time.Minute, Tags: []string{"e2e"}})
 		var busy *stack.PortInUseError
 		if errors.As(err, &busy) {
 			return 0, fmt.Errorf("%w\n(to run the suite against services that are already up, set E2E_STACK=compose; "+

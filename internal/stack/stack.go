@@ -219,6 +219,11 @@ type Options struct {
 	LogDir string
 	// Ready bounds each wait for a process to become ready (default 60s).
 	Ready time.Duration
+	// Tags are build tags for the services. The e2e suite passes "e2e",
+	// which compiles in what it needs to kill and fail processes on purpose
+	// (FAILPOINTS, rewards' REWARDS_FAIL_* hooks); without it the services
+	// are the production builds, which hold neither.
+	Tags []string
 }
 
 // Local is a running local stack. Its methods are safe for concurrent use.
@@ -285,7 +290,7 @@ func Build(ctx context.Context, root string) (binDir string, err error) {
 	pkgs := servicePackages()
 	pkgs = append(pkgs, "./cmd/...")
 	binDir = filepath.Join(root, "bin")
-	return binDir, goBuild(ctx, root, binDir, pkgs)
+	return binDir, goBuild(ctx, root, binDir, nil, pkgs)
 }
 
 func servicePackages() []string {
@@ -296,7 +301,7 @@ func servicePackages() []string {
 	return pkgs
 }
 
-func goBuild(ctx context.Context, root, binDir string, pkgs []string) error {
+func goBuild(ctx context.Context, root, binDir string, tags, pkgs []string) error {
 	gocmd, err := exec.LookPath("go")
 	if err != nil {
 		return fmt.Errorf("stack: building the services needs the go command on PATH: %w", err)
@@ -304,7 +309,11 @@ func goBuild(ctx context.Context, root, binDir string, pkgs []string) error {
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
 		return fmt.Errorf("stack: %w", err)
 	}
-	args := append([]string{"build", "-o", binDir + string(filepath.Separator)}, pkgs...)
+	args := []string{"build", "-o", binDir + string(filepath.Separator)}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	args = append(args, pkgs...)
 	cmd := exec.CommandContext(ctx, gocmd, args...)
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
@@ -374,7 +383,7 @@ func StartLocal(ctx context.Context, o Options) (*Local, error) {
 			return nil, err
 		}
 	}
-	if err := goBuild(ctx, o.Root, l.binDir, servicePackages()); err != nil {
+	if err := goBuild(ctx, o.Root, l.binDir, o.Tags, servicePackages()); err != nil {
 		return nil, err
 	}
 	for _, name := range Services {

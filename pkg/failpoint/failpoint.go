@@ -2,24 +2,22 @@
 // that every crash point between two steps loses nothing and applies
 // nothing twice.
 //
-// A failpoint is inert unless armed. Processes arm it with the environment
-// variable FAILPOINTS, a comma-separated list of step names: when the code
-// reaches an armed step, the process kills itself with SIGKILL (no deferred
-// functions, no graceful shutdown: the closest thing to pulling the plug).
-// FAILPOINTS=name@N arms it from the N-th hit on. In-process tests arm a step
-// with Enable instead, and Hit then reports true so the caller can abandon
-// its work as a crash would.
+// A failpoint is inert unless armed. In-process tests arm a step with
+// Enable, and Hit then reports true so the caller can abandon its work as a
+// crash would.
+//
+// Only in binaries built with the tag e2e (the end-to-end suite builds the
+// services so), processes also arm steps with the environment variable
+// FAILPOINTS, a comma-separated list of step names: when the code reaches
+// such a step, the process kills itself with SIGKILL (no deferred functions,
+// no graceful shutdown: the closest thing to pulling the plug).
+// FAILPOINTS=name@N arms it from the N-th hit on. A binary built without the
+// tag reads no FAILPOINTS and holds no code that kills its process.
 package failpoint
 
 import (
-	"fmt"
-	"log/slog"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 )
 
 // Step names of the library's own crash points. A service names its own
@@ -40,21 +38,6 @@ var (
 	points = map[string]*point{}
 )
 
-func init() {
-	for _, s := range strings.Split(os.Getenv("FAILPOINTS"), ",") {
-		s = strings.TrimSpace(s)
-		if s == "" {
-			continue
-		}
-		name, n, _ := strings.Cut(s, "@")
-		from, err := strconv.ParseInt(n, 10, 64)
-		if err != nil || from < 1 {
-			from = 1
-		}
-		points[name] = &point{from: from, proc: true}
-	}
-}
-
 // Enable arms name in this process until the returned function is called.
 // Hit(name) then returns true from the from-th hit on (from < 1 means 1).
 func Enable(name string, from int64) (disable func()) {
@@ -72,7 +55,7 @@ func Enable(name string, from int64) (disable func()) {
 }
 
 // Hit marks that the code reached step name. Unarmed, it does nothing and
-// returns false. Armed by FAILPOINTS, it kills the process. Armed by Enable,
+// returns false. Armed by FAILPOINTS (e2e builds), it kills the process. Armed by Enable,
 // it returns true: the caller must then stop as if it had crashed (no
 // cleanup that a crash would not do).
 func Hit(name string) bool {
@@ -83,10 +66,7 @@ func Hit(name string) bool {
 		return false
 	}
 	if p.proc {
-		slog.Error("failpoint reached: killing the process", "failpoint", name)
-		fmt.Fprintf(os.Stderr, "failpoint %s: SIGKILL\n", name)
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // the signal is on its way
+		killProcess(name) // only e2e builds arm proc points
 	}
 	return true
 }

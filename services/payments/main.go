@@ -20,7 +20,7 @@
 // for the api and all roles; see service.ParseAPIKeys), PAYMENTS_RATE_LIMIT
 // [1000] per PAYMENTS_RATE_WINDOW [1s] per client and
 // PAYMENTS_RATE_LIMIT_PER_ADDRESS [2000] per remote address, LOG_LEVEL
-// [info], FAILPOINTS, the relay's
+// [info], FAILPOINTS (read only by -tags e2e builds), the relay's
 // tuning RELAY_LEASE, RELAY_POLL_INTERVAL, ... (outbox.RelayEnv), and the
 // standard AWS_* variables (AWS_ENDPOINT_URL for a local SQS).
 package main

@@ -17,6 +17,9 @@ import (
 func main() {
 	service.Main("rewards", func(c app.Config) string { return c.DatabaseURL },
 		func(ctx context.Context, cfg app.Config, d service.Deps) (service.App, error) {
+			if err := testHooks(&cfg, d.Log); err != nil {
+				return nil, err
+			}
 			client, err := sqstransport.NewClient(ctx)
 			if err != nil {
 				return nil, err

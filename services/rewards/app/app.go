@@ -49,11 +49,10 @@ type Config struct {
 	// DedupeRetention is the dedupe window: it must outlast SQS's 14-day
 	// maximum retention by a day, so the service refuses to start below 360h.
 	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
-	// Test hooks, inert unless set: see cashback.EnvFailEventIDs,
-	// cashback.EnvFailFirstN and cashback.EnvSlowEventIDs.
-	FailEventIDs string `env:"REWARDS_FAIL_EVENT_IDS"`
-	FailFirstN   string `env:"REWARDS_FAIL_FIRST_N"`
-	SlowEventIDs string `env:"REWARDS_SLOW_EVENT_IDS"`
+	// Fail is the failure-injecting test hook: nil in production. Tests set
+	// it; so does main in builds tagged e2e, from REWARDS_FAIL_EVENT_IDS,
+	// REWARDS_FAIL_FIRST_N and REWARDS_SLOW_EVENT_IDS (see package cashback).
+	Fail *cashback.FailHook `env:"-"`
 
 	// Tuning for tests; zero takes the library defaults.
 	QueueWait  time.Duration                 `env:"QUEUE_WAIT" envDefault:"2m"`
@@ -71,7 +70,7 @@ const sqsMaxRetention = 14 * 24 * time.Hour
 // App is the wired service.
 type App struct {
 	Processor *cashback.Processor
-	Fail      *cashback.FailHook // the test hook (inert unless configured)
+	Fail      *cashback.FailHook // the test hook: nil unless Config.Fail was set
 	Router    http.Handler
 
 	pool       *pgxpool.Pool
@@ -139,24 +138,16 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		// round retries whatever failed here (typically a lock timeout).
 		log.Warn("dedupe maintenance at start failed; retried hourly", "error", err)
 	}
-	fail, err := cashback.ParseFailHook(cfg.FailEventIDs, cfg.FailFirstN)
-	if err != nil {
-		return nil, err
-	}
-	if err := fail.SetSlow(cfg.SlowEventIDs); err != nil {
-		return nil, err
-	}
-	if fail.Armed() {
-		log.Warn("test hook armed: handling of some payment events will fail or stall on purpose",
-			cashback.EnvFailEventIDs, cfg.FailEventIDs, cashback.EnvFailFirstN, cfg.FailFirstN,
-			cashback.EnvSlowEventIDs, cfg.SlowEventIDs)
+	var inject cashback.Injector
+	if cfg.Fail != nil {
+		inject = cfg.Fail
 	}
 	consumer, err := idempotent.NewConsumer(pool, cashback.ConsumerName,
 		idempotent.WithRetention(cfg.DedupeRetention), idempotent.WithLogger(log))
 	if err != nil {
 		return nil, err
 	}
-	proc, err := cashback.NewProcessor(consumer, fail, log)
+	proc, err := cashback.NewProcessor(consumer, inject, log)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +179,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		"sqs " + cfg.PaymentsQueue: sqstransport.QueueCheck(client, cfg.PaymentsQueue),
 		"sqs " + cfg.RewardsQueue:  sqstransport.QueueCheck(client, cfg.RewardsQueue)})
 	srv.Routes(r)
-	return &App{Processor: proc, Fail: fail, Router: r, pool: pool, subscriber: sub, relay: relay,
+	return &App{Processor: proc, Fail: cfg.Fail, Router: r, pool: pool, subscriber: sub, relay: relay,
 		maintainer: maint, addr: addr, http: cfg.HTTP(), log: log}, nil
 }
 

@@ -328,7 +328,7 @@ func TestSamePaymentUnderTwoEventIDs(t *testing.T) {
 // committed nothing.
 func TestRateChangeBetweenFailedAttemptAndRetry(t *testing.T) {
 	e := paid(t, "pay_42", user, 120000, 1)
-	s := start(t, options{retryBase: 2 * time.Second, cfg: func(c *app.Config) { c.FailEventIDs = e.EventID.String() + "@1" }})
+	s := start(t, options{retryBase: 2 * time.Second, cfg: func(c *app.Config) { c.Fail = failHook(t, e.EventID.String()+"@1") }})
 	s.send(e)
 	eventually(t, 20*time.Second, "the injected failure", func() bool { return s.app.Fail.Injected() == 1 })
 	if n := s.count(`SELECT count(*) FROM processed_messages`) + s.count(`SELECT count(*) FROM cashback_credits`) +
@@ -377,7 +377,7 @@ func TestRetroactiveRateRefused(t *testing.T) {
 // maxReceiveCount and then SQS moves it to the DLQ. Nothing is committed.
 func TestHandlerFailingPastMaxReceiveCountGoesToDLQ(t *testing.T) {
 	e := paid(t, "pay_42", user, 120000, 1)
-	s := start(t, options{maxReceive: 2, cfg: func(c *app.Config) { c.FailEventIDs = e.EventID.String() }})
+	s := start(t, options{maxReceive: 2, cfg: func(c *app.Config) { c.Fail = failHook(t, e.EventID.String()) }})
 	s.send(e)
 	msgs := s.receiveAll(s.paysDLQ, 1, 30*time.Second)
 	if len(msgs) != 1 {
@@ -522,6 +522,16 @@ func TestUnknownTypeParkedInDLQ(t *testing.T) {
 	eventually(t, 10*time.Second, "the source queue empty", func() bool { return s.queueEmpty(s.payments) })
 }
 
+// failHook is the test hook failing the events of spec (REWARDS_FAIL_EVENT_IDS syntax).
+func failHook(t *testing.T, spec string) *cashback.FailHook {
+	t.Helper()
+	h, err := cashback.ParseFailHook(spec, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 func TestRetentionShorterThanSQSRefused(t *testing.T) {
 	_, err := app.New(context.Background(), app.Config{DedupeRetention: 24 * time.Hour, Port: "0", Access: testAccess}, nil, nil, nil, slog.Default())
 	if err == nil || !strings.Contains(err.Error(), "DEDUPE_RETENTION") {
@@ -532,13 +542,12 @@ func TestRetentionShorterThanSQSRefused(t *testing.T) {
 func TestConfigFromEnvironment(t *testing.T) {
 	testenv.Unsetenv(t, "LISTEN_ADDR", "REWARDS_API_KEYS", "REWARDS_MAX_RATE_BP", "REWARDS_RATE_MIN_LEAD")
 	t.Setenv("REWARDS_DATABASE_URL", "postgres://x/rewards")
-	t.Setenv("REWARDS_FAIL_FIRST_N", "2")
 	cfg, err := service.LoadConfig[app.Config]()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Port != "8082" || cfg.PaymentsQueue != "payments-events" || cfg.RewardsQueue != "rewards-events" ||
-		cfg.DedupeRetention != 360*time.Hour || cfg.FailFirstN != "2" || cfg.Concurrency != 8 ||
+		cfg.DedupeRetention != 360*time.Hour || cfg.Fail != nil || cfg.Concurrency != 8 ||
 		cfg.MaxRateBP != 1000 || cfg.RateMinLead != time.Minute || cfg.ListenAddr != "" || cfg.Access.RateLimit != 1000 {
 		t.Errorf("defaults: %+v", cfg)
 	}

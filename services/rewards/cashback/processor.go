@@ -52,14 +52,20 @@ const (
 // sqstransport.Handler of the payments-events subscriber.
 type Processor struct {
 	consumer *idempotent.Consumer
-	fail     *FailHook
+	fail     Injector
 	log      *slog.Logger
 	results  metric.Int64Counter
 }
 
+// Injector injects failures for tests (FailHook): Check runs inside the
+// effect's transaction, after its writes, and its error rolls it back.
+type Injector interface {
+	Check(eventID uuid.UUID) error
+}
+
 // NewProcessor returns a Processor deduplicating through consumer (named
-// ConsumerName). fail may be nil (no injected failures).
-func NewProcessor(consumer *idempotent.Consumer, fail *FailHook, log *slog.Logger) (*Processor, error) {
+// ConsumerName). fail is nil in production (no injected failures).
+func NewProcessor(consumer *idempotent.Consumer, fail Injector, log *slog.Logger) (*Processor, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -96,8 +102,10 @@ func (p *Processor) Handle(ctx context.Context, e events.Envelope) error {
 		}
 		// The test hook fails after every write of the effect, so an
 		// injected failure also proves that a failed attempt commits nothing.
-		if err := p.fail.Check(e.EventID); err != nil {
-			return err
+		if p.fail != nil {
+			if err := p.fail.Check(e.EventID); err != nil {
+				return err
+			}
 		}
 		res = r
 		return nil
