@@ -6,7 +6,15 @@ import (
 	"testing"
 )
 
-const module = "github.com/effectively-once/payments-cashback"
+// module is this repository's module path (a copy made with gonew has
+// another one).
+var module = func() string {
+	out, err := exec.Command("go", "list", "-m").Output()
+	if err != nil {
+		panic("go list -m: " + err.Error())
+	}
+	return strings.TrimSpace(string(out))
+}()
 
 // The layers of pkg/ (docs/design.md, "Layers of the library"): for each
 // package, import-path prefixes that must not be among its transitive

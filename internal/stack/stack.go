@@ -36,6 +36,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,8 +58,10 @@ const (
 // Services are the names StartLocal starts, in order.
 var Services = []string{SMSProvider, Payments, Rewards, Notifications}
 
-// Module is the module path RepoRoot looks for in go.mod.
-const Module = "github.com/effectively-once/payments-cashback"
+// Module is the module path RepoRoot looks for in go.mod: this package's
+// own, so a copy of the repository under another module path (see the
+// README, "Use it as a template") finds its root too.
+var Module = strings.TrimSuffix(reflect.TypeOf(Local{}).PkgPath(), "/internal/stack")
 
 // base describes one binary.
 type base struct {
