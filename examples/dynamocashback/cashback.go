@@ -17,6 +17,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/idempotent/idemdynamo"
 	"github.com/effectively-once/payments-cashback/pkg/idempotent/prefilter"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/effectively-once/payments-cashback/services/rewards/cashback"
 )
 
@@ -88,7 +89,7 @@ func (a *App) HandleDelivery(ctx context.Context, d sqstransport.Delivery) error
 // before (ack); a permanent error for what no redelivery fixes (park); any
 // other error leaves it for redelivery.
 func (a *App) Handle(ctx context.Context, e events.Envelope) error {
-	if e.EventType != events.PaymentSucceeded {
+	if e.EventType != contract.PaymentSucceeded {
 		return sqstransport.Permanent(fmt.Errorf("dynamocashback does not handle event type %q", e.EventType))
 	}
 	pay, err := cashback.DecodeSucceeded(e)

@@ -36,6 +36,9 @@ var forbidden = map[string][]string{
 	"pkg/sqstransport":        {module + "/pkg/service", module + "/pkg/idempotent", module + "/pkg/httpidem", module + "/services/"},
 	"pkg/idempotent/inboxsqs": {module + "/pkg/service", module + "/services/"},
 	"pkg/failpoint":           {"github.com/", module + "/services/"},
+	// Other stores for the dedupe key: each brings only its own client.
+	"pkg/idempotent/idemdynamo": {"github.com/aws/aws-sdk-go-v2/service/sqs", "github.com/redis/", module + "/pkg/service", module + "/pkg/sqstransport", module + "/services/"},
+	"pkg/idempotent/prefilter":  {"github.com/aws/", module + "/pkg/service", module + "/pkg/sqstransport", module + "/services/"},
 }
 
 // deps lists the transitive non-test dependencies of pkg, by import path.
