@@ -447,12 +447,12 @@ func benchPostgresConns(ctx context.Context, pg *pgEnv, o options, conns int, se
 				}
 				return 1, pgx.BeginFunc(ctx, bareDB, func(tx pgx.Tx) error {
 					tag, err := tx.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, payload_hash)
-						VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, consumerName, cr.msg.ID, hash[:])
+						VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, consumerName, cr.msg.EventID, hash[:])
 					if err != nil {
 						return err
 					}
 					if tag.RowsAffected() != 1 {
-						return fmt.Errorf("fresh id %s already there", cr.msg.ID)
+						return fmt.Errorf("fresh id %s already there", cr.msg.EventID)
 					}
 					return cr.apply(ctx, tx)
 				})
@@ -466,7 +466,7 @@ func benchPostgresConns(ctx context.Context, pg *pgEnv, o options, conns int, se
 				}
 				out, err := cons.Handle(ctx, cr.msg, cr.apply)
 				if err == nil && out != idempotent.Applied {
-					err = fmt.Errorf("fresh message %s: %s", cr.msg.ID, out)
+					err = fmt.Errorf("fresh message %s: %s", cr.msg.EventID, out)
 				}
 				if err == nil {
 					mu.Lock()
@@ -490,7 +490,7 @@ func benchPostgresConns(ctx context.Context, pg *pgEnv, o options, conns int, se
 					return errors.New("a duplicate's effect ran")
 				})
 				if err == nil && out != idempotent.Duplicate {
-					err = fmt.Errorf("replayed message %s: %s", cr.msg.ID, out)
+					err = fmt.Errorf("replayed message %s: %s", cr.msg.EventID, out)
 				}
 				return 1, err
 			}},
@@ -512,7 +512,7 @@ func benchPostgresConns(ctx context.Context, pg *pgEnv, o options, conns int, se
 				}
 				out, err := pcons.Handle(ctx, cr.msg, cr.applyPipelined)
 				if err == nil && out != idempotent.Applied {
-					err = fmt.Errorf("fresh message %s: %s", cr.msg.ID, out)
+					err = fmt.Errorf("fresh message %s: %s", cr.msg.EventID, out)
 				}
 				return 1, err
 			}},

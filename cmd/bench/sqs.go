@@ -105,7 +105,7 @@ func relayMessages(n int) ([]outbox.Message, error) {
 		if err != nil {
 			return nil, err
 		}
-		msgs[i] = outbox.Message{ID: cr.env.EventID, Body: body, Attributes: map[string]string{
+		msgs[i] = outbox.Message{EventID: cr.env.EventID, Body: body, Attributes: map[string]string{
 			"event_id": cr.env.EventID.String(), "event_type": cr.env.EventType,
 			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
 	}
@@ -576,9 +576,9 @@ func (p *timingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Messag
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range msgs {
-		if _, bad := failed[m.ID]; !bad {
-			if _, seen := p.at[m.ID]; !seen {
-				p.at[m.ID] = now
+		if _, bad := failed[m.EventID]; !bad {
+			if _, seen := p.at[m.EventID]; !seen {
+				p.at[m.EventID] = now
 			}
 		}
 	}

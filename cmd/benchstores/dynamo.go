@@ -64,20 +64,20 @@ func newMessage() idempotent.Message {
 	id := uuid.Must(uuid.NewV7())
 	h := make([]byte, 32)
 	copy(h, id[:])
-	return idempotent.Message{ID: id, Hash: h, OccurredAt: time.Now()}
+	return idempotent.Message{EventID: id, Hash: h, OccurredAt: time.Now()}
 }
 
 // creditActions is the effect: the credit, conditioned on its payment, and
 // the wallet's ADD (as examples/dynamocashback does).
 func (t dyTables) creditActions(msg idempotent.Message, i int) []types.TransactWriteItem {
-	pay := "pay_" + msg.ID.String()
+	pay := "pay_" + msg.EventID.String()
 	user := fmt.Sprintf("u_%d", i%40)
 	return []types.TransactWriteItem{
 		{Put: &types.Put{
 			TableName: aws.String(t.credits),
 			Item: map[string]types.AttributeValue{
 				"payment_id": sv(pay), "user_id": sv(user), "amount_paise": nv(2400),
-				"payment_amount_paise": nv(120000), "rate_bp": nv(200), "event_id": sv(msg.ID.String()),
+				"payment_amount_paise": nv(120000), "rate_bp": nv(200), "event_id": sv(msg.EventID.String()),
 				"occurred_at": sv(msg.OccurredAt.UTC().Format("2006-01-02T15:04:05.000000Z")),
 			},
 			ConditionExpression: aws.String("attribute_not_exists(payment_id)"),
@@ -98,7 +98,7 @@ func (t dyTables) bareDedupe(msg idempotent.Message) types.TransactWriteItem {
 	return types.TransactWriteItem{Put: &types.Put{
 		TableName: aws.String(t.dedupe),
 		Item: map[string]types.AttributeValue{
-			idemdynamo.AttrConsumer: sv("rewards"), idemdynamo.AttrEventID: sv(msg.ID.String()),
+			idemdynamo.AttrConsumer: sv("rewards"), idemdynamo.AttrEventID: sv(msg.EventID.String()),
 			idemdynamo.AttrHash:        &types.AttributeValueMemberB{Value: msg.Hash},
 			idemdynamo.AttrProcessedAt: sv(now.UTC().Format(time.RFC3339Nano)),
 			idemdynamo.AttrExpiresAt:   nv(now.Add(idempotent.DefaultRetention).Unix()),

@@ -22,7 +22,7 @@ func pgEffect(msg idempotent.Message, i int) idempotent.Effect {
 	return func(ctx context.Context, tx pgx.Tx) error {
 		user := "u_" + strconv.Itoa(i%40)
 		if _, err := tx.Exec(ctx, `INSERT INTO credits (payment_id, user_id, amount_paise, event_id) VALUES ($1, $2, 2400, $3)`,
-			"pay_"+msg.ID.String(), user, msg.ID); err != nil {
+			"pay_"+msg.EventID.String(), user, msg.EventID); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO wallets (user_id, balance_paise) VALUES ($1, 2400)
@@ -71,7 +71,7 @@ func replay(ctx context.Context, msgs []idempotent.Message, workers int, want id
 				if out != want {
 					mu.Lock()
 					if firstErr == nil {
-						firstErr = fmt.Errorf("event %s: %v, %v; want %v", m.ID, out, err, want)
+						firstErr = fmt.Errorf("event %s: %v, %v; want %v", m.EventID, out, err, want)
 					}
 					mu.Unlock()
 				}
@@ -145,7 +145,7 @@ func benchReplay(ctx context.Context, e *env, o options, rep *report) error {
 	ids, hashes := make([]string, o.replay), make([][]byte, o.replay)
 	for i := range msgs {
 		msgs[i] = newMessage()
-		ids[i], hashes[i] = msgs[i].ID.String(), msgs[i].Hash
+		ids[i], hashes[i] = msgs[i].EventID.String(), msgs[i].Hash
 	}
 	if _, err := e.pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, payload_hash)
 		SELECT 'rewards', id, h FROM unnest($1::uuid[], $2::bytea[]) AS t(id, h)`, ids, hashes); err != nil {
@@ -167,10 +167,10 @@ func benchReplay(ctx context.Context, e *env, o options, rep *report) error {
 	// New messages spread over the 40 wallets, as payments of many users do.
 	if err := freshBoth(ctx, o, rep, "PostgreSQL", 1000,
 		func(ctx context.Context, m idempotent.Message) (idempotent.Outcome, error) {
-			return pgc.Handle(ctx, m, pgEffect(m, int(m.ID[15])))
+			return pgc.Handle(ctx, m, pgEffect(m, int(m.EventID[15])))
 		},
 		func(ctx context.Context, m idempotent.Message) (idempotent.Outcome, error) {
-			return pgf.Handle(ctx, m, pgEffect(m, int(m.ID[15])))
+			return pgf.Handle(ctx, m, pgEffect(m, int(m.EventID[15])))
 		}); err != nil {
 		return err
 	}

@@ -85,7 +85,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			f := idempotent.ReplayFilter{Consumer: *consumer, EventType: *eventType, AllFailed: *all}
 			if *id != "" {
 				var err error
-				if f.MessageID, err = uuid.Parse(*id); err != nil {
+				if f.EventID, err = uuid.Parse(*id); err != nil {
 					return usageError{fmt.Sprintf("-id %q is not a UUID", *id)}
 				}
 			}
@@ -143,7 +143,7 @@ func failed(ctx context.Context, q idempotent.Querier, w io.Writer, f idempotent
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONSUMER\tEVENT_ID\tEVENT_TYPE\tORDERING_KEY\tVERSION\tATTEMPTS\tBLOCKED\tRECEIVED\tLAST_ERROR")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", r.Consumer, r.MessageID, r.EventType, r.OrderingKey,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", r.Consumer, r.EventID, r.EventType, r.OrderingKey,
 			r.AggregateVersion, r.Attempts, r.Blocked, r.ReceivedAt.UTC().Format(time.RFC3339), oneLine(r.LastError, 120))
 	}
 	if err := tw.Flush(); err != nil {
@@ -167,7 +167,7 @@ func replay(ctx context.Context, q idempotent.Querier, w io.Writer, f idempotent
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONSUMER\tEVENT_ID")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\n", r.Consumer, r.MessageID)
+		fmt.Fprintf(tw, "%s\t%s\n", r.Consumer, r.EventID)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

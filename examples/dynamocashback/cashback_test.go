@@ -112,7 +112,7 @@ func (e fixture) subscribe(t *testing.T) *queue {
 		err := e.app.HandleDelivery(ctx, d)
 		if err == nil {
 			q.mu.Lock()
-			q.delivered = append(q.delivered, d.MessageID)
+			q.delivered = append(q.delivered, d.SQSMessageID)
 			q.mu.Unlock()
 		}
 		return err

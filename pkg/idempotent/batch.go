@@ -68,7 +68,7 @@ func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs [
 	ids := make([]uuid.UUID, len(live))
 	hashes := make([][]byte, len(live))
 	for k, i := range live {
-		ids[k], hashes[k] = items[i].Msg.ID, items[i].Msg.Hash
+		ids[k], hashes[k] = items[i].Msg.EventID, items[i].Msg.Hash
 	}
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {

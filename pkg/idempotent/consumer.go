@@ -53,14 +53,14 @@ import (
 // Message is what a Consumer needs to know about a delivery: its key, a hash
 // of its content, and when it happened.
 type Message struct {
-	ID         uuid.UUID // the event id: the dedupe key
+	EventID         uuid.UUID // the event id: the dedupe key
 	Hash       []byte    // content digest: same ID + other Hash = Conflict
 	OccurredAt time.Time // checked against the retention window
 }
 
 // MessageOf derives the Message of an envelope.
 func MessageOf(e events.Envelope) Message {
-	return Message{ID: e.EventID, Hash: e.Hash(), OccurredAt: e.OccurredAt}
+	return Message{EventID: e.EventID, Hash: e.Hash(), OccurredAt: e.OccurredAt}
 }
 
 // Effect is the work a message does. It must touch nothing but tx: it can
@@ -121,7 +121,7 @@ func (c *Consumer) Name() string { return c.name }
 // expired reports whether msg is older than the window, judged both by its
 // occurred_at and by the time in its UUIDv7 id (which picks its partition).
 func (c *Consumer) expired(msg Message) bool {
-	return beyondWindow(msg.ID, msg.OccurredAt, c.now(), c.retention)
+	return beyondWindow(msg.EventID, msg.OccurredAt, c.now(), c.retention)
 }
 
 // Handle applies effect for msg at most once per consumer, as the package
@@ -171,8 +171,8 @@ func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outc
 		// claim's committed row; for a new message it reads our own row.
 		b := &pgx.Batch{}
 		b.Queue(`INSERT INTO processed_messages (consumer, message_id, payload_hash)
-			VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, c.name, msg.ID, msg.Hash)
-		b.Queue(`SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_id = $2`, c.name, msg.ID)
+			VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, c.name, msg.EventID, msg.Hash)
+		b.Queue(`SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_id = $2`, c.name, msg.EventID)
 		br := tx.SendBatch(ctx, b)
 		tag, err := br.Exec()
 		var hash []byte
@@ -229,10 +229,10 @@ func (c *Consumer) record(ctx context.Context, msg Message, out Outcome, err err
 	switch out {
 	case Conflict:
 		c.log.ErrorContext(ctx, "event id reused with a different payload: not applied",
-			"consumer", c.name, "event_id", msg.ID)
+			"consumer", c.name, "event_id", msg.EventID)
 	case Expired:
 		c.log.ErrorContext(ctx, "message older than the dedupe window: refused, not applied",
-			"consumer", c.name, "event_id", msg.ID, "occurred_at", msg.OccurredAt, "retention", c.retention)
+			"consumer", c.name, "event_id", msg.EventID, "occurred_at", msg.OccurredAt, "retention", c.retention)
 	case Failed:
 		if errors.Is(err, ErrAhead) {
 			c.log.ErrorContext(ctx, "event id from the future: refused, not applied, to be parked",
@@ -242,10 +242,10 @@ func (c *Consumer) record(ctx context.Context, msg Message, out Outcome, err err
 		var p interface{ Permanent() bool }
 		if errors.As(err, &p) && p.Permanent() {
 			c.log.ErrorContext(ctx, "effect refused the message permanently: rolled back, to be parked",
-				"consumer", c.name, "event_id", msg.ID, "error", err)
+				"consumer", c.name, "event_id", msg.EventID, "error", err)
 			return
 		}
 		c.log.WarnContext(ctx, "effect failed: rolled back, left for redelivery",
-			"consumer", c.name, "event_id", msg.ID, "error", err)
+			"consumer", c.name, "event_id", msg.EventID, "error", err)
 	}
 }

@@ -62,7 +62,7 @@ func InboxBacklog(ctx context.Context, q Querier, consumer string) ([]Backlog, e
 // FailedRow is a FAILED inbox row, as an operator needs to see it.
 type FailedRow struct {
 	Consumer         string
-	MessageID        uuid.UUID
+	EventID        uuid.UUID
 	EventType        string
 	AggregateID      string
 	AggregateVersion int64
@@ -110,12 +110,12 @@ func ListFailed(ctx context.Context, q Querier, f FailedFilter) ([]FailedRow, er
 	return out, nil
 }
 
-// ReplayFilter selects FAILED rows to replay. Name an event id (MessageID,
+// ReplayFilter selects FAILED rows to replay. Name an event id (EventID,
 // optionally narrowed to one Consumer), or a Consumer together with an
 // EventType or with AllFailed: a filter that would replay every FAILED row of
 // every consumer by accident is refused.
 type ReplayFilter struct {
-	MessageID uuid.UUID
+	EventID uuid.UUID
 	Consumer  string
 	EventType string
 	AllFailed bool
@@ -127,7 +127,7 @@ var ErrReplayFilter = errors.New("idempotent: replay needs an event id, or a con
 // ReplayedRow names a row Replay returned to PENDING.
 type ReplayedRow struct {
 	Consumer  string
-	MessageID uuid.UUID
+	EventID uuid.UUID
 }
 
 // Replay returns the FAILED rows that match f to PENDING, due now, with a
@@ -143,8 +143,8 @@ func Replay(ctx context.Context, q Querier, f ReplayFilter) ([]ReplayedRow, erro
 		conds = append(conds, fmt.Sprintf(cond, len(args)))
 	}
 	switch {
-	case f.MessageID != uuid.Nil:
-		add("message_id = $%d", f.MessageID)
+	case f.EventID != uuid.Nil:
+		add("message_id = $%d", f.EventID)
 	case f.Consumer != "" && (f.EventType != "" || f.AllFailed):
 	default:
 		return nil, ErrReplayFilter

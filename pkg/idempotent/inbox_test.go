@@ -275,7 +275,7 @@ func TestInboxPoisonRowFailsBlocksItsKeyAndReplayUnblocks(t *testing.T) {
 		t.Fatalf("ListFailed: %v, %d rows; want 2", err, len(failed))
 	}
 	for _, fr := range failed {
-		if fr.MessageID == poison.EventID && fr.Blocked != 2 {
+		if fr.EventID == poison.EventID && fr.Blocked != 2 {
 			t.Fatalf("poison row blocks %d rows, want 2", fr.Blocked)
 		}
 	}
@@ -290,17 +290,17 @@ func TestInboxPoisonRowFailsBlocksItsKeyAndReplayUnblocks(t *testing.T) {
 	if _, err := idempotent.Replay(ctx, pool, idempotent.ReplayFilter{Consumer: "notifications"}); !errors.Is(err, idempotent.ErrReplayFilter) {
 		t.Fatalf("replay without a filter: %v, want ErrReplayFilter", err)
 	}
-	if got, _ := idempotent.Replay(ctx, pool, idempotent.ReplayFilter{MessageID: other.EventID}); len(got) != 0 {
+	if got, _ := idempotent.Replay(ctx, pool, idempotent.ReplayFilter{EventID: other.EventID}); len(got) != 0 {
 		t.Fatalf("replaying a DONE row moved %d rows", len(got))
 	}
 
 	fixed.Store(true) // the fix is deployed
-	got, err := idempotent.Replay(ctx, pool, idempotent.ReplayFilter{MessageID: poison.EventID})
+	got, err := idempotent.Replay(ctx, pool, idempotent.ReplayFilter{EventID: poison.EventID})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("replay by id: %v, %v", got, err)
 	}
 	got, err = idempotent.Replay(ctx, pool, idempotent.ReplayFilter{Consumer: "notifications", EventType: "CashbackCredited"})
-	if err != nil || len(got) != 1 || got[0].MessageID != flaky.EventID {
+	if err != nil || len(got) != 1 || got[0].EventID != flaky.EventID {
 		t.Fatalf("replay by filter: %v, %v; want the flaky row", got, err)
 	}
 	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{PollInterval: 10 * time.Millisecond}, 2)

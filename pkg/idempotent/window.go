@@ -7,5 +7,5 @@ import "time"
 // store refuses such a copy (Expired) because its key may have been
 // forgotten; stores outside this package use it to draw the same line.
 func (m Message) Expired(now time.Time, retention time.Duration) bool {
-	return beyondWindow(m.ID, m.OccurredAt, now, retention)
+	return beyondWindow(m.EventID, m.OccurredAt, now, retention)
 }

@@ -74,7 +74,7 @@ func (p *printer) PublishBatch(_ context.Context, msgs []outbox.Message) (map[uu
 	for _, m := range msgs {
 		var e events.Envelope
 		_ = json.Unmarshal(m.Body, &e)
-		fmt.Println("published", m.Attributes["event_type"], e.AggregateID, "event_id attribute matches:", m.Attributes["event_id"] == m.ID.String())
+		fmt.Println("published", m.Attributes["event_type"], e.AggregateID, "event_id attribute matches:", m.Attributes["event_id"] == m.EventID.String())
 		p.sent <- struct{}{}
 	}
 	return nil, nil // every message accepted

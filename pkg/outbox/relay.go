@@ -23,7 +23,7 @@ import (
 
 // Message is one outbox row ready for the wire.
 type Message struct {
-	ID         uuid.UUID         // the event id
+	EventID         uuid.UUID         // the event id
 	Body       []byte            // the JSON envelope
 	Attributes map[string]string // event_id, event_type and, if known, traceparent
 }
@@ -294,7 +294,7 @@ func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
 	if pubErr != nil {
 		failed = make(map[uuid.UUID]error, len(msgs))
 		for _, m := range msgs {
-			failed[m.ID] = pubErr
+			failed[m.EventID] = pubErr
 		}
 	}
 	if pubErr == nil && len(failed) == len(msgs) {
@@ -308,8 +308,8 @@ func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
 	}
 	ok := make([]uuid.UUID, 0, len(msgs))
 	for _, m := range msgs {
-		if _, bad := failed[m.ID]; !bad {
-			ok = append(ok, m.ID)
+		if _, bad := failed[m.EventID]; !bad {
+			ok = append(ok, m.EventID)
 		}
 	}
 	// A fresh context: the publish may have used up its own.
@@ -363,7 +363,7 @@ func (r *Relay) claim(ctx context.Context) ([]Message, error) {
 		if tp := c.Headers["traceparent"]; tp != "" {
 			attrs["traceparent"] = tp
 		}
-		msgs = append(msgs, Message{ID: c.ID, Body: body, Attributes: attrs})
+		msgs = append(msgs, Message{EventID: c.ID, Body: body, Attributes: attrs})
 	}
 	return msgs, nil
 }

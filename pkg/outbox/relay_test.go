@@ -311,9 +311,9 @@ func (p *flakyPublisher) PublishBatch(ctx context.Context, msgs []outbox.Message
 	failed := map[uuid.UUID]error{}
 	var pass []outbox.Message
 	for _, m := range msgs {
-		if p.failIDs[m.ID] > 0 {
-			p.failIDs[m.ID]--
-			failed[m.ID] = errInjected
+		if p.failIDs[m.EventID] > 0 {
+			p.failIDs[m.EventID]--
+			failed[m.EventID] = errInjected
 			continue
 		}
 		pass = append(pass, m)

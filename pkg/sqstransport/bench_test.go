@@ -36,7 +36,7 @@ func relayMessages(b testing.TB, n int) []outbox.Message {
 		if err != nil {
 			b.Fatal(err)
 		}
-		msgs[i] = outbox.Message{ID: e.EventID, Body: body, Attributes: map[string]string{
+		msgs[i] = outbox.Message{EventID: e.EventID, Body: body, Attributes: map[string]string{
 			"event_id": e.EventID.String(), "event_type": "PaymentSucceeded",
 			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
 	}

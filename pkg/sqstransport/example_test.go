@@ -33,7 +33,7 @@ func ExampleSubscriber_Run() {
 	body, _ := e.Marshal()
 	pub := sqstransport.NewPublisher(client, queueURL, 1)
 	for range 2 { // a relay that resent after a crash
-		if _, err := pub.PublishBatch(ctx, []outbox.Message{{ID: e.EventID, Body: body,
+		if _, err := pub.PublishBatch(ctx, []outbox.Message{{EventID: e.EventID, Body: body,
 			Attributes: map[string]string{"event_id": e.EventID.String(), "event_type": e.EventType}}}); err != nil {
 			panic(err)
 		}

@@ -63,7 +63,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (ma
 			entries := make([]types.SendMessageBatchRequestEntry, len(chunk))
 			for i, m := range chunk {
 				entries[i] = types.SendMessageBatchRequestEntry{
-					Id:                aws.String(m.ID.String()),
+					Id:                aws.String(m.EventID.String()),
 					MessageBody:       aws.String(string(m.Body)),
 					MessageAttributes: stringAttributes(m.Attributes),
 				}
@@ -71,7 +71,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (ma
 			out, err := p.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &p.queueURL, Entries: entries})
 			if err != nil {
 				for _, m := range chunk {
-					fail(m.ID, err)
+					fail(m.EventID, err)
 				}
 				return
 			}

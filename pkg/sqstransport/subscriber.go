@@ -30,7 +30,7 @@ import (
 // Delivery is one received copy of an event.
 type Delivery struct {
 	Envelope     events.Envelope
-	MessageID    string // the SQS MessageId: changes on redrive, never a dedupe key
+	SQSMessageID    string // the SQS MessageId: changes on redrive, never a dedupe key
 	ReceiveCount int    // ApproximateReceiveCount
 	Attributes   map[string]string
 	Body         []byte
@@ -291,14 +291,14 @@ func (s *Subscriber) receive(ctx context.Context, n int) ([]types.Message, error
 }
 
 func (s *Subscriber) process(ctx context.Context, m types.Message) {
-	d := Delivery{MessageID: aws.ToString(m.MessageId), Body: []byte(aws.ToString(m.Body)), Attributes: map[string]string{}}
+	d := Delivery{SQSMessageID: aws.ToString(m.MessageId), Body: []byte(aws.ToString(m.Body)), Attributes: map[string]string{}}
 	d.ReceiveCount, _ = strconv.Atoi(m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
 	for k, v := range m.MessageAttributes {
 		if v.StringValue != nil {
 			d.Attributes[k] = *v.StringValue
 		}
 	}
-	log := s.log.With("sqs_message_id", d.MessageID, "receive_count", d.ReceiveCount)
+	log := s.log.With("sqs_message_id", d.SQSMessageID, "receive_count", d.ReceiveCount)
 	env, err := events.Decode(d.Body)
 	if err != nil {
 		log.Error("undecodable message: parking it", "error", err)
@@ -311,7 +311,7 @@ func (s *Subscriber) process(ctx context.Context, m types.Message) {
 	ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier(d.Attributes))
 	ctx, span := otel.Tracer("sqstransport").Start(ctx, "process "+env.EventType,
 		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attribute.String("messaging.message.id", d.MessageID), attribute.String("event_id", env.EventID.String())))
+		trace.WithAttributes(attribute.String("messaging.message.id", d.SQSMessageID), attribute.String("event_id", env.EventID.String())))
 	defer span.End()
 
 	stopHeartbeat := s.heartbeat(ctx, m.ReceiptHandle, log)
@@ -460,7 +460,7 @@ func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind
 	}
 	attrs["park_reason"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(kind + ": " + reason)}
 	attrs["park_source_queue"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(queueName(s.cfg.QueueURL))}
-	attrs["park_source_message_id"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(d.MessageID)}
+	attrs["park_source_message_id"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(d.SQSMessageID)}
 	body := aws.ToString(m.Body)
 	if body == "" {
 		body = "(empty body)" // SQS refuses empty bodies; the reason says what happened
@@ -470,11 +470,11 @@ func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind
 		// no room for the reason. Park the body intact; the reason is logged
 		// with the message id, for the operator to correlate.
 		s.log.Error("parking without attributes: body and reason exceed the SQS message size",
-			"sqs_message_id", d.MessageID, "park_reason", kind+": "+reason, "bytes", size)
+			"sqs_message_id", d.SQSMessageID, "park_reason", kind+": "+reason, "bytes", size)
 		attrs = nil
 	}
 	if _, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: &s.cfg.DLQURL, MessageBody: &body, MessageAttributes: attrs}); err != nil {
-		s.log.Error("parking in the DLQ failed: message left in the queue", "error", err, "sqs_message_id", d.MessageID)
+		s.log.Error("parking in the DLQ failed: message left in the queue", "error", err, "sqs_message_id", d.SQSMessageID)
 		return
 	}
 	s.deletes <- aws.ToString(m.ReceiptHandle)

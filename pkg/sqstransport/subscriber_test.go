@@ -229,8 +229,8 @@ func TestDeletesOnlyAfterHandlerReturnsNil(t *testing.T) {
 		string(got.Envelope.Payload) != string(e.Payload) {
 		t.Errorf("envelope %+v, want %+v", got.Envelope, e)
 	}
-	if got.MessageID == "" || got.ReceiveCount != 1 || got.Attributes["event_id"] != e.EventID.String() {
-		t.Errorf("delivery: message id %q, receive count %d, attributes %v", got.MessageID, got.ReceiveCount, got.Attributes)
+	if got.SQSMessageID == "" || got.ReceiveCount != 1 || got.Attributes["event_id"] != e.EventID.String() {
+		t.Errorf("delivery: message id %q, receive count %d, attributes %v", got.SQSMessageID, got.ReceiveCount, got.Attributes)
 	}
 	waitFor(t, 2*time.Second, "sqs_messages_deleted_total = 1", func() bool {
 		return counter(t, "sqs_messages_deleted_total", queueName(q), "") == 1
@@ -263,9 +263,9 @@ func TestHandlerErrorLeavesMessageForRedelivery(t *testing.T) {
 	waitFor(t, 15*time.Second, "the redelivery", func() bool { return len(rec.deliveries()) == 2 })
 	waitEmpty(t, c, q, 5*time.Second)
 	d := rec.deliveries()
-	if d[0].ReceiveCount != 1 || d[1].ReceiveCount != 2 || d[0].MessageID != d[1].MessageID {
+	if d[0].ReceiveCount != 1 || d[1].ReceiveCount != 2 || d[0].SQSMessageID != d[1].SQSMessageID {
 		t.Fatalf("deliveries: receive counts %d, %d, ids %s, %s; want 1, 2 of the same message",
-			d[0].ReceiveCount, d[1].ReceiveCount, d[0].MessageID, d[1].MessageID)
+			d[0].ReceiveCount, d[1].ReceiveCount, d[0].SQSMessageID, d[1].SQSMessageID)
 	}
 	if gap := at[1].Sub(at[0]); gap < 900*time.Millisecond || gap > 10*time.Second {
 		t.Errorf("redelivered after %v, want about RetryBase (1s), not the 30 s visibility timeout", gap)

@@ -229,7 +229,7 @@ func (c *Consumer) dedupePut(msg idempotent.Message) types.TransactWriteItem {
 		TableName: aws.String(c.cfg.Table),
 		Item: map[string]types.AttributeValue{
 			AttrConsumer:    &types.AttributeValueMemberS{Value: c.name},
-			AttrEventID:     &types.AttributeValueMemberS{Value: msg.ID.String()},
+			AttrEventID:     &types.AttributeValueMemberS{Value: msg.EventID.String()},
 			AttrHash:        &types.AttributeValueMemberB{Value: msg.Hash},
 			AttrProcessedAt: &types.AttributeValueMemberS{Value: now.UTC().Format(time.RFC3339Nano)},
 			AttrExpiresAt:   &types.AttributeValueMemberN{Value: strconv.FormatInt(now.Add(c.cfg.Retention).Unix(), 10)},
@@ -266,7 +266,7 @@ func (c *Consumer) storedHash(ctx context.Context, msg idempotent.Message) ([]by
 func (c *Consumer) key(msg idempotent.Message) map[string]types.AttributeValue {
 	return map[string]types.AttributeValue{
 		AttrConsumer: &types.AttributeValueMemberS{Value: c.name},
-		AttrEventID:  &types.AttributeValueMemberS{Value: msg.ID.String()},
+		AttrEventID:  &types.AttributeValueMemberS{Value: msg.EventID.String()},
 	}
 }
 
@@ -329,16 +329,16 @@ func (c *Consumer) record(ctx context.Context, msg idempotent.Message, out idemp
 	log := c.cfg.Logger
 	switch out {
 	case idempotent.Conflict:
-		log.ErrorContext(ctx, "event id reused with a different payload: not applied", "consumer", c.name, "event_id", msg.ID)
+		log.ErrorContext(ctx, "event id reused with a different payload: not applied", "consumer", c.name, "event_id", msg.EventID)
 	case idempotent.Expired:
 		log.ErrorContext(ctx, "message older than the dedupe window: refused, not applied",
-			"consumer", c.name, "event_id", msg.ID, "occurred_at", msg.OccurredAt, "retention", c.cfg.Retention)
+			"consumer", c.name, "event_id", msg.EventID, "occurred_at", msg.OccurredAt, "retention", c.cfg.Retention)
 	case idempotent.Failed:
 		if idempotent.IsPermanent(err) {
 			log.ErrorContext(ctx, "effect refused the message permanently: nothing written, to be parked",
-				"consumer", c.name, "event_id", msg.ID, "error", err)
+				"consumer", c.name, "event_id", msg.EventID, "error", err)
 			return
 		}
-		log.WarnContext(ctx, "effect failed: nothing written, left for redelivery", "consumer", c.name, "event_id", msg.ID, "error", err)
+		log.WarnContext(ctx, "effect failed: nothing written, left for redelivery", "consumer", c.name, "event_id", msg.EventID, "error", err)
 	}
 }

@@ -115,7 +115,7 @@ func (f fixture) dedupeItem(t *testing.T, id uuid.UUID) map[string]types.Attribu
 }
 
 func newMsg(hash string) idempotent.Message {
-	return idempotent.Message{ID: uuid.Must(uuid.NewV7()), Hash: []byte(hash), OccurredAt: time.Now()}
+	return idempotent.Message{EventID: uuid.Must(uuid.NewV7()), Hash: []byte(hash), OccurredAt: time.Now()}
 }
 
 // A new message commits its effect and its dedupe item together: the
@@ -132,7 +132,7 @@ func TestANewMessageCommitsItsEffectWithTheDedupeItem(t *testing.T) {
 	if got := f.counter(t, "w"); got != 1 {
 		t.Fatalf("counter = %d, want 1", got)
 	}
-	item := f.dedupeItem(t, msg.ID)
+	item := f.dedupeItem(t, msg.EventID)
 	if h, _ := item[idemdynamo.AttrHash].(*types.AttributeValueMemberB); h == nil || string(h.Value) != "h1" {
 		t.Fatalf("dedupe item hash = %v, want h1", item[idemdynamo.AttrHash])
 	}
@@ -198,7 +198,7 @@ func TestAMessageOlderThanTheWindowIsExpiredAndNotRun(t *testing.T) {
 	if out != idempotent.Expired || !errors.Is(err, idempotent.ErrExpired) {
 		t.Fatalf("old copy = %v, %v; want expired", out, err)
 	}
-	if calls != 0 || f.counter(t, "w") != 0 || f.dedupeItem(t, msg.ID) != nil {
+	if calls != 0 || f.counter(t, "w") != 0 || f.dedupeItem(t, msg.EventID) != nil {
 		t.Fatalf("expired copy ran: calls %d, counter %d", calls, f.counter(t, "w"))
 	}
 }
@@ -234,7 +234,7 @@ func TestAFailedEffectConditionIsAFailureAndLeavesNoKey(t *testing.T) {
 	if calls != 1 {
 		t.Fatalf("effect built %d times; a condition failure is not retried in place", calls)
 	}
-	if f.dedupeItem(t, msg.ID) != nil || f.counter(t, "w") != 0 {
+	if f.dedupeItem(t, msg.EventID) != nil || f.counter(t, "w") != 0 {
 		t.Fatal("a cancelled transaction left writes behind")
 	}
 	// The gate opens; the redelivery applies the message.
@@ -260,7 +260,7 @@ func TestAnEffectErrorWritesNothing(t *testing.T) {
 	if out != idempotent.Failed || !errors.Is(err, boom) {
 		t.Fatalf("Handle = %v, %v; want failed with the effect's error", out, err)
 	}
-	if f.dedupeItem(t, msg.ID) != nil {
+	if f.dedupeItem(t, msg.EventID) != nil {
 		t.Fatal("dedupe item written although the effect failed")
 	}
 }

@@ -100,7 +100,7 @@ func (c *Consumer[E]) Name() string { return c.next.Name() }
 
 // Key is the Redis key of msg's event id for this consumer.
 func (c *Consumer[E]) Key(msg idempotent.Message) string {
-	return c.cfg.Prefix + c.next.Name() + ":" + msg.ID.String()
+	return c.cfg.Prefix + c.next.Name() + ":" + msg.EventID.String()
 }
 
 // Handle is the wrapped Handle with the same outcomes and guarantee. A
@@ -131,7 +131,7 @@ func (c *Consumer[E]) seen(ctx context.Context, msg idempotent.Message) bool {
 		return false
 	case err != nil:
 		c.count(ctx, "error")
-		c.cfg.Logger.DebugContext(ctx, "pre-filter lookup failed: the database decides", "event_id", msg.ID, "error", err)
+		c.cfg.Logger.DebugContext(ctx, "pre-filter lookup failed: the database decides", "event_id", msg.EventID, "error", err)
 		return false
 	case string(v) != string(msg.Hash):
 		c.count(ctx, "miss") // another payload: the database reports the conflict
@@ -148,7 +148,7 @@ func (c *Consumer[E]) remember(ctx context.Context, msg idempotent.Message) {
 	defer cancel()
 	if err := c.rdb.Set(rctx, c.Key(msg), msg.Hash, c.cfg.Window).Err(); err != nil {
 		c.count(ctx, "record_error")
-		c.cfg.Logger.DebugContext(ctx, "pre-filter record failed: the next copy asks the database", "event_id", msg.ID, "error", err)
+		c.cfg.Logger.DebugContext(ctx, "pre-filter record failed: the next copy asks the database", "event_id", msg.EventID, "error", err)
 		return
 	}
 	c.count(ctx, "recorded")

@@ -71,7 +71,7 @@ func postgresStore(t *testing.T) store {
 			}
 			return func(ctx context.Context, msg idempotent.Message, hook func() error) (idempotent.Outcome, error) {
 				return c.Handle(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
-					_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, 1) ON CONFLICT (event_id) DO UPDATE SET n = effects.n + 1`, msg.ID)
+					_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, 1) ON CONFLICT (event_id) DO UPDATE SET n = effects.n + 1`, msg.EventID)
 					if err == nil && hook != nil {
 						err = hook()
 					}
@@ -81,7 +81,7 @@ func postgresStore(t *testing.T) store {
 		},
 		applied: func(msg idempotent.Message) int {
 			var n int
-			err := pool.QueryRow(ctx, `SELECT n FROM effects WHERE event_id = $1`, msg.ID).Scan(&n)
+			err := pool.QueryRow(ctx, `SELECT n FROM effects WHERE event_id = $1`, msg.EventID).Scan(&n)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return 0
 			}
@@ -117,7 +117,7 @@ func dynamoStore(t *testing.T) store {
 		t.Fatal(err)
 	}
 	key := func(msg idempotent.Message) map[string]types.AttributeValue {
-		return map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: msg.ID.String()}}
+		return map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: msg.EventID.String()}}
 	}
 	reached := &atomic.Int64{}
 	return store{
@@ -172,7 +172,7 @@ func eachStore(t *testing.T, body func(t *testing.T, s store, r *testenv.RedisSe
 }
 
 func newMsg() idempotent.Message {
-	return idempotent.Message{ID: uuid.Must(uuid.NewV7()), Hash: []byte("h1"), OccurredAt: time.Now()}
+	return idempotent.Message{EventID: uuid.Must(uuid.NewV7()), Hash: []byte("h1"), OccurredAt: time.Now()}
 }
 
 func mustOutcome(t *testing.T, want idempotent.Outcome, out idempotent.Outcome, err error) {
@@ -191,7 +191,7 @@ func TestACommittedKeyIsRecordedAndTheNextCopyStopsAtRedis(t *testing.T) {
 		msg := newMsg()
 		out, err := h(ctx, msg, nil)
 		mustOutcome(t, idempotent.Applied, out, err)
-		key := "idem:rewards:" + msg.ID.String()
+		key := "idem:rewards:" + msg.EventID.String()
 		if ttl := rdb.TTL(ctx, key).Val(); ttl < idempotent.DefaultRetention-time.Minute || ttl > idempotent.DefaultRetention {
 			t.Fatalf("TTL of %s = %v, want the window %v", key, ttl, idempotent.DefaultRetention)
 		}
@@ -239,7 +239,7 @@ func TestACrashBetweenCommitAndTheRedisWriteLeavesTheDatabaseToDecide(t *testing
 		if err := r.Start(); err != nil {
 			t.Fatal(err)
 		}
-		if n := rdb.Exists(ctx, "idem:rewards:"+msg.ID.String()).Val(); n != 0 {
+		if n := rdb.Exists(ctx, "idem:rewards:"+msg.EventID.String()).Val(); n != 0 {
 			t.Fatal("key in Redis although the record was lost")
 		}
 		before := s.reached.Load()
@@ -249,7 +249,7 @@ func TestACrashBetweenCommitAndTheRedisWriteLeavesTheDatabaseToDecide(t *testing
 			t.Fatalf("reached the database %d times, applied %d; want 1 and 1", s.reached.Load()-before, s.applied(msg))
 		}
 		// The database's Duplicate re-records the key.
-		if n := rdb.Exists(ctx, "idem:rewards:"+msg.ID.String()).Val(); n != 1 {
+		if n := rdb.Exists(ctx, "idem:rewards:"+msg.EventID.String()).Val(); n != 1 {
 			t.Fatal("the duplicate's key was not recorded again")
 		}
 	})
@@ -266,7 +266,7 @@ func TestAFailedEffectRecordsNothingSoTheRedeliveryApplies(t *testing.T) {
 		if out != idempotent.Failed || !errors.Is(err, errBoom) {
 			t.Fatalf("failing effect = %v, %v; want failed", out, err)
 		}
-		if n := rdb.Exists(ctx, "idem:rewards:"+msg.ID.String()).Val(); n != 0 {
+		if n := rdb.Exists(ctx, "idem:rewards:"+msg.EventID.String()).Val(); n != 0 {
 			t.Fatal("a key was recorded for an effect that did not commit")
 		}
 		out, err = h(ctx, msg, nil)
@@ -369,7 +369,7 @@ func TestAnExpiredCopySkipsTheCacheAndIsRefused(t *testing.T) {
 		h := s.handle(rdb)
 		msg := newMsg()
 		msg.OccurredAt = time.Now().Add(-idempotent.DefaultRetention - time.Hour)
-		if err := rdb.Set(ctx, "idem:rewards:"+msg.ID.String(), msg.Hash, time.Hour).Err(); err != nil {
+		if err := rdb.Set(ctx, "idem:rewards:"+msg.EventID.String(), msg.Hash, time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
 		out, err := h(ctx, msg, nil)
