@@ -53,7 +53,7 @@ import (
 // Message is what a Consumer needs to know about a delivery: its key, a hash
 // of its content, and when it happened.
 type Message struct {
-	EventID         uuid.UUID // the event id: the dedupe key
+	EventID    uuid.UUID // the event id: the dedupe key
 	Hash       []byte    // content digest: same ID + other Hash = Conflict
 	OccurredAt time.Time // checked against the retention window
 }

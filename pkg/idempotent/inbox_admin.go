@@ -62,7 +62,7 @@ func InboxBacklog(ctx context.Context, q Querier, consumer string) ([]Backlog, e
 // FailedRow is a FAILED inbox row, as an operator needs to see it.
 type FailedRow struct {
 	Consumer         string
-	EventID        uuid.UUID
+	EventID          uuid.UUID
 	EventType        string
 	AggregateID      string
 	AggregateVersion int64
@@ -115,7 +115,7 @@ func ListFailed(ctx context.Context, q Querier, f FailedFilter) ([]FailedRow, er
 // EventType or with AllFailed: a filter that would replay every FAILED row of
 // every consumer by accident is refused.
 type ReplayFilter struct {
-	EventID uuid.UUID
+	EventID   uuid.UUID
 	Consumer  string
 	EventType string
 	AllFailed bool
@@ -126,8 +126,8 @@ var ErrReplayFilter = errors.New("idempotent: replay needs an event id, or a con
 
 // ReplayedRow names a row Replay returned to PENDING.
 type ReplayedRow struct {
-	Consumer  string
-	EventID uuid.UUID
+	Consumer string
+	EventID  uuid.UUID
 }
 
 // Replay returns the FAILED rows that match f to PENDING, due now, with a

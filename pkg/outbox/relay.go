@@ -23,7 +23,7 @@ import (
 
 // Message is one outbox row ready for the wire.
 type Message struct {
-	EventID         uuid.UUID         // the event id
+	EventID    uuid.UUID         // the event id
 	Body       []byte            // the JSON envelope
 	Attributes map[string]string // event_id, event_type and, if known, traceparent
 }

@@ -30,7 +30,7 @@ import (
 // Delivery is one received copy of an event.
 type Delivery struct {
 	Envelope     events.Envelope
-	SQSMessageID    string // the SQS MessageId: changes on redrive, never a dedupe key
+	SQSMessageID string // the SQS MessageId: changes on redrive, never a dedupe key
 	ReceiveCount int    // ApproximateReceiveCount
 	Attributes   map[string]string
 	Body         []byte
