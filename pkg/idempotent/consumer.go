@@ -142,12 +142,12 @@ func (c *Consumer) Handle(ctx context.Context, msg Message, effect Effect) (Outc
 // ahead refuses an id minted more than MaxFutureSkew after c's clock, with
 // a permanent error that says by how much.
 func (c *Consumer) ahead(msg Message) error {
-	if msg.ID.Version() != 7 {
+	if msg.EventID.Version() != 7 {
 		return nil
 	}
-	if skew := events.IDTime(msg.ID).Sub(c.now()); skew > MaxFutureSkew {
+	if skew := events.IDTime(msg.EventID).Sub(c.now()); skew > MaxFutureSkew {
 		return fmt.Errorf("%w: event id %s was minted %v ahead of this consumer's clock, more than the %v tolerated "+
-			"(is the producer's clock ahead?)", ErrAhead, msg.ID, skew.Round(time.Second), MaxFutureSkew)
+			"(is the producer's clock ahead?)", ErrAhead, msg.EventID, skew.Round(time.Second), MaxFutureSkew)
 	}
 	return nil
 }
@@ -236,7 +236,7 @@ func (c *Consumer) record(ctx context.Context, msg Message, out Outcome, err err
 	case Failed:
 		if errors.Is(err, ErrAhead) {
 			c.log.ErrorContext(ctx, "event id from the future: refused, not applied, to be parked",
-				"consumer", c.name, "event_id", msg.ID, "error", err)
+				"consumer", c.name, "event_id", msg.EventID, "error", err)
 			return
 		}
 		var p interface{ Permanent() bool }

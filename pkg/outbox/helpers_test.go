@@ -262,8 +262,8 @@ func (p *countingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Mess
 		p.accepted = map[uuid.UUID]int{}
 	}
 	for _, m := range msgs {
-		if _, bad := failed[m.ID]; !bad {
-			p.accepted[m.ID]++
+		if _, bad := failed[m.EventID]; !bad {
+			p.accepted[m.EventID]++
 		}
 	}
 	return failed, nil

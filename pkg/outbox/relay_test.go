@@ -620,13 +620,13 @@ type hangingPublisher struct {
 func (p *hangingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (map[uuid.UUID]error, error) {
 	failed := map[uuid.UUID]error{}
 	for _, m := range msgs {
-		if m.ID == p.hang {
+		if m.EventID == p.hang {
 			<-ctx.Done()
-			failed[m.ID] = ctx.Err()
+			failed[m.EventID] = ctx.Err()
 			continue
 		}
 		p.mu.Lock()
-		p.accepted = append(p.accepted, m.ID)
+		p.accepted = append(p.accepted, m.EventID)
 		p.mu.Unlock()
 	}
 	return failed, nil

@@ -113,6 +113,6 @@ func WriteError(w http.ResponseWriter, status int, code, field, message string) 
 func InternalError(w http.ResponseWriter, r *http.Request, log *slog.Logger, msg string, err error) {
 	id := middleware.GetReqID(r.Context())
 	log.ErrorContext(r.Context(), msg, "error", err) // the handler adds request_id
-	WriteJSON(w, http.StatusInternalServerError, ErrorBody{ErrorDetail{Code: "internal",
+	WriteJSON(w, http.StatusInternalServerError, ErrorBody{Error: ErrorDetail{Code: "internal",
 		Message: "internal error; quote the request id to the operator", RequestID: id}})
 }

@@ -80,7 +80,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (ma
 			// duplicate where trusting it risks a loss.
 			unknown := make(map[string]uuid.UUID, len(chunk))
 			for _, m := range chunk {
-				unknown[m.ID.String()] = m.ID
+				unknown[m.EventID.String()] = m.EventID
 			}
 			for _, s := range out.Successful {
 				delete(unknown, aws.ToString(s.Id))

@@ -45,7 +45,7 @@ func TestPublisherCountsAnEntryMissingFromTheResponseAsFailed(t *testing.T) {
 	for i := range msgs {
 		e := newEvent(t, i)
 		body, _ := json.Marshal(e)
-		msgs[i] = outbox.Message{ID: e.EventID, Body: body, Attributes: map[string]string{"event_id": e.EventID.String()}}
+		msgs[i] = outbox.Message{EventID: e.EventID, Body: body, Attributes: map[string]string{"event_id": e.EventID.String()}}
 	}
 	failed, err := sqstransport.NewPublisher(lossy, q, 1).PublishBatch(context.Background(), msgs)
 	if err != nil {
