@@ -36,6 +36,8 @@ var forbidden = map[string][]string{
 	"pkg/sqstransport":        {module + "/pkg/service", module + "/pkg/idempotent", module + "/pkg/httpidem", module + "/services/"},
 	"pkg/idempotent/inboxsqs": {module + "/pkg/service", module + "/services/"},
 	"pkg/failpoint":           {"github.com/", module + "/services/"},
+	// Shared internals of pkg/: the standard library only.
+	"pkg/internal/snapshot": {"github.com/", "golang.org/", "go.opentelemetry.io/", module + "/services/"},
 	// Other stores for the dedupe key: each brings only its own client.
 	"pkg/idempotent/idemdynamo": {"github.com/aws/aws-sdk-go-v2/service/sqs", "github.com/redis/", module + "/pkg/service", module + "/pkg/sqstransport", module + "/services/"},
 	"pkg/idempotent/prefilter":  {"github.com/aws/", module + "/pkg/service", module + "/pkg/sqstransport", module + "/services/"},
