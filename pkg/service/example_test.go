@@ -27,7 +27,7 @@ func ExampleNewRouter() {
 	}
 	// Output:
 	// /healthz 200 {"status":"ok"}
-	// /readyz 503 {"database":"ok","sqs payments-events":"queue payments-events: not found"}
+	// /readyz 503 {"database":"ok","sqs payments-events":"failing"}
 }
 
 // Run runs a service's tasks until SIGTERM or until one fails; then it
