@@ -14,6 +14,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/internal/faults"
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // The sharp cases of a misbehaving network, each a scenario of its own so
@@ -83,7 +84,7 @@ func TestTheCommitsAnswerIsLostAndTheRedeliveryIsADuplicateWithExactlyOneCredit(
 	db, env := viaProxy(t, "REWARDS_DATABASE_URL")
 	restartWith(t, "rewards", env)
 	user, payID := id("u_e2e17a"), id("pay_e2e17a")
-	e := paymentEvent(t, events.PaymentSucceeded, payID, user, 120000, 1)
+	e := paymentEvent(t, contract.PaymentSucceeded, payID, user, 120000, 1)
 	cuts0 := faults.Cuts()
 	if _, err := db.Add(faults.CutOnReply("COMMIT\x00", 1)); err != nil {
 		t.Fatal(err)
@@ -126,7 +127,7 @@ func TestADatabaseOutageLongerThanTheDeadLetterScheduleParksNothingAndEveryPayme
 	evs := make([]events.Envelope, n)
 	ids := make([]uuid.UUID, n)
 	for i := range evs {
-		evs[i] = paymentEvent(t, events.PaymentSucceeded, fmt.Sprintf("%s_%d", id("pay_e2e17b"), i), user, 10000, 1)
+		evs[i] = paymentEvent(t, contract.PaymentSucceeded, fmt.Sprintf("%s_%d", id("pay_e2e17b"), i), user, 10000, 1)
 		ids[i] = evs[i].EventID
 	}
 	db.Cut()
@@ -194,7 +195,7 @@ func TestTheSMSProviderDownForAMinuteEndsWithOneSMSPerCredit(t *testing.T) {
 	ces := make([]uuid.UUID, n)
 	for i, p := range payIDs {
 		waitCredits(t, p, 1)
-		ces[i] = outboxEventID(t, s.rewDB, p, events.CashbackCredited)
+		ces[i] = outboxEventID(t, s.rewDB, p, contract.CashbackCredited)
 	}
 	eventually(t, 30*time.Second, func() (bool, string) {
 		c := count(t, s.notDB, `SELECT count(*) FROM notifications WHERE event_id = ANY($1)`, ces)

@@ -12,8 +12,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-
-	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // Scenario 17. The AWS CLI, the client operators use, as an outside client
@@ -32,7 +31,7 @@ func TestCopiesInjectedWithTheAWSCLIAreDuplicatesAndTheDLQReadWithItShowsThePark
 
 	user := id("u_e2e16")
 	p := pay(t, user, 120000)
-	e := outboxEventID(t, s.payDB, p.ID, events.PaymentSucceeded)
+	e := outboxEventID(t, s.payDB, p.ID, contract.PaymentSucceeded)
 	waitCredits(t, p.ID, 1)
 	ev := outboxEnvelope(t, s.payDB, e)
 	attrs := fmt.Sprintf(`{"event_id":{"DataType":"String","StringValue":%q},"event_type":{"DataType":"String","StringValue":%q}}`,
