@@ -67,6 +67,12 @@ type options struct {
 	only         map[string]bool
 	basePort     int
 	root         string
+	drainMsgs    int
+	drainRounds  int
+	// notificationsBefore is the notifications drain rate measured before
+	// batching; its target is 3x that.
+	notificationsBefore float64
+	peers               string
 }
 
 func main() {
@@ -79,10 +85,14 @@ func main() {
 	flag.StringVar(&o.out, "out", "bench.json", "where to write the JSON results")
 	flag.BoolVar(&o.skipPipeline, "skip-pipeline", false, "skip the pipeline (and soak) measurements, which start the services")
 	flag.IntVar(&o.relayRows, "relay-rows", 15000, "outbox rows (and SQS messages) per relay / SQS throughput measurement, split over -sqs-rounds")
-	flag.IntVar(&o.sqsRounds, "sqs-rounds", 3, "SQS throughput measurements are interleaved in this many rounds; each figure is the median of its rounds")
+	flag.IntVar(&o.sqsRounds, "sqs-rounds", 5, "SQS throughput measurements are interleaved in this many rounds; each figure is the median of its rounds")
 	flag.IntVar(&o.rounds, "rounds", 6, "PostgreSQL measurements are interleaved in this many rounds of -duration/rounds each; each figure is the median of its rounds")
 	flag.IntVar(&o.basePort, "base-port", 0, "run the pipeline's services on ports base (payments), base+1 (rewards), base+2 (notifications), base+9 (SMS provider) instead of the stack's 8081-8083, 8090")
-	only := flag.String("only", "", "run only these parts, comma-separated: postgres, sqs, pipeline (default: all)")
+	flag.IntVar(&o.drainMsgs, "drain-msgs", 20000, "messages pre-filled per drain measurement")
+	flag.IntVar(&o.drainRounds, "drain-rounds", 5, "drain measurements are interleaved in this many rounds")
+	flag.Float64Var(&o.notificationsBefore, "notifications-drain-before", 0, "the notifications drain rate (msgs/s) before batching, to hold today's drain to 3x it (0: no target row)")
+	flag.StringVar(&o.peers, "peers", "bench/peers", "directory of the peers' module (Watermill, River), run in the same run with the same servers (empty: skip)")
+	only := flag.String("only", "", "run only these parts, comma-separated: postgres, producer, sqs, drain, peers, pipeline (default: all)")
 	flag.StringVar(&o.root, "root", "", "repository root (default: found from the working directory)")
 	flag.Parse()
 	for _, s := range strings.Split(conns, ",") {
@@ -97,10 +107,10 @@ func main() {
 		o.only = map[string]bool{}
 		for _, s := range strings.Split(*only, ",") {
 			switch s = strings.TrimSpace(s); s {
-			case "postgres", "sqs", "pipeline":
+			case "postgres", "producer", "sqs", "drain", "peers", "pipeline":
 				o.only[s] = true
 			default:
-				fmt.Fprintf(os.Stderr, "bench: -only: unknown part %q (want postgres, sqs, pipeline)\n", s)
+				fmt.Fprintf(os.Stderr, "bench: -only: unknown part %q (want postgres, producer, sqs, drain, peers, pipeline)\n", s)
 				os.Exit(2)
 			}
 		}
@@ -176,6 +186,11 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("postgres measurements: %w", err)
 		}
 	}
+	if o.part("producer") {
+		if err := benchProducer(ctx, pg, o, rep); err != nil {
+			return fmt.Errorf("producer measurements: %w", err)
+		}
+	}
 	sq, err := newSQSEnv(ctx, runID)
 	if err != nil {
 		return err
@@ -184,6 +199,11 @@ func run(ctx context.Context, o options) error {
 	if o.part("sqs") {
 		if err := benchSQS(ctx, pg, sq, o, rep); err != nil {
 			return fmt.Errorf("SQS measurements: %w", err)
+		}
+	}
+	if o.part("drain") && !o.skipPipeline {
+		if err := benchDrain(ctx, pg, sq, o, rep); err != nil {
+			return fmt.Errorf("drain: %w", err)
 		}
 	}
 	if o.part("pipeline") && !o.skipPipeline {

@@ -270,7 +270,7 @@ func (s *series) row(rep *report, sec string) {
 	for k, v := range s.details {
 		d[k] = v
 	}
-	row := &Row{Key: s.key, Section: sec, Name: s.name, Value: median(rates), Unit: s.unit, Target: s.target, Details: d}
+	row := &Row{Key: s.key, Section: sec, Name: s.name, Value: median(rates), Unit: s.unit, Rounds: s.rates, Target: s.target, Details: d}
 	if s.base != "" {
 		row.Baseline = rep.ref(s.base)
 	}
@@ -370,7 +370,7 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 		rc.row(rep, sec)
 	}
 	if r1, r2 := rep.ref("relay_r1"), rep.ref("relay_r2"); r1 != nil && r2 != nil {
-		rep.add(&Row{Key: "relay_r2_vs_r1", Section: sec, Name: "outbox relay, 2 replicas vs 1", Value: r2.Value, Unit: "rows/s",
+		rep.add(&Row{Key: "relay_r2_vs_r1", Section: sec, Name: "outbox relay, 2 replicas vs 1", Value: r2.Value, Unit: "rows/s", Rounds: r2.Rounds,
 			Baseline: r1, Target: minRatio(1)})
 	}
 	var el time.Duration
