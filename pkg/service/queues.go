@@ -43,6 +43,19 @@ func NewSubscriber(ctx context.Context, c *sqs.Client, queue string, wait time.D
 	return sqstransport.NewSubscriber(c, cfg, h)
 }
 
+// NewBatchSubscriber is NewSubscriber for a handler of whole receives
+// (sqstransport.NewBatchSubscriber).
+func NewBatchSubscriber(ctx context.Context, c *sqs.Client, queue string, wait time.Duration,
+	cfg sqstransport.SubscriberConfig, env SubscriberEnv, log *slog.Logger, h sqstransport.BatchHandler) (*sqstransport.Subscriber, error) {
+	url, err := QueueURL(ctx, c, queue, wait, log)
+	if err != nil {
+		return nil, err
+	}
+	env.Apply(&cfg)
+	cfg.QueueURL, cfg.Logger = url, log
+	return sqstransport.NewBatchSubscriber(c, cfg, h)
+}
+
 // QueueCheck is a readiness check that the SQS server answers and knows the
 // queue named name: a consumer or relay that cannot reach its queue is not
 // ready, even if its database is.

@@ -42,8 +42,13 @@ type Config struct {
 	RateMinLead   time.Duration `env:"REWARDS_RATE_MIN_LEAD" envDefault:"1m"`
 	PaymentsQueue string        `env:"PAYMENTS_QUEUE" envDefault:"payments-events"`
 	RewardsQueue  string        `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
-	// Concurrency is how many payment events are handled at once.
+	// Concurrency is how many payment events are handled at once; with
+	// Batch, how many receives (of up to 10 events each).
 	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
+	// Batch applies each receive's events in one transaction
+	// (idempotent.Consumer.HandleBatch), falling back to one transaction
+	// per event when anything in the batch fails. Off: one per event.
+	Batch bool `env:"CONSUMER_BATCH" envDefault:"true"`
 	// DedupeRetention is the dedupe window: it must outlast SQS's 14-day
 	// maximum retention by a day, so the service refuses to start below 360h.
 	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
@@ -169,7 +174,12 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 			return nil, err
 		}
 	}
-	sub, err := service.NewSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleDelivery)
+	var sub *sqstransport.Subscriber
+	if cfg.Batch {
+		sub, err = service.NewBatchSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleBatchDeliveries)
+	} else {
+		sub, err = service.NewSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleDelivery)
+	}
 	if err != nil {
 		return nil, err
 	}
