@@ -26,8 +26,15 @@ func (it Item) ctx(batch context.Context) context.Context {
 	return batch
 }
 
-// errSplit aborts a batch transaction so that its items run one by one.
-var errSplit = errors.New("idempotent: split batch")
+// itemFailed aborts a batch transaction because item i's effect failed:
+// that item gets its own error, the others run one by one.
+type itemFailed struct {
+	i   int
+	err error
+}
+
+func (f *itemFailed) Error() string { return fmt.Sprintf("idempotent: batch item %d: %v", f.i, f.err) }
+func (f *itemFailed) Unwrap() error { return f.err }
 
 // HandleBatch is Handle for up to a receive's worth of messages at once: one
 // multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING claims every new key,
@@ -36,9 +43,13 @@ var errSplit = errors.New("idempotent: split batch")
 // message, with the same guarantee per message as Handle.
 //
 // If anything fails (an effect, the claim, the COMMIT), the batch
-// transaction rolls back, nothing of it stays, and each item runs alone
-// through Handle, so one poison message costs its neighbours a retry but
-// never their commit, and a crash mid-batch leaves nothing half-applied.
+// transaction rolls back and nothing of it stays: a crash mid-batch leaves
+// nothing half-applied. Then the items run one at a time through Handle,
+// each in its own transaction, except the one whose effect failed: it is
+// Failed with its effect's error (a permanent one parks it; any other
+// leaves it for redelivery), just as if it had been handled alone. So one
+// poison message costs its neighbours a retry but never their commit.
+// Serialization failures and deadlocks retry the whole batch first.
 // Outcomes and errors come back in items' order; ack exactly the items
 // whose Outcome is Done.
 func (c *Consumer) HandleBatch(ctx context.Context, items []Item) ([]Outcome, []error) {
@@ -59,11 +70,18 @@ func (c *Consumer) HandleBatch(ctx context.Context, items []Item) ([]Outcome, []
 	if len(live) > 0 {
 		_, err := c.retry(ctx, func() (Outcome, error) { return c.batchTx(ctx, items, live, outs, errs) })
 		if err != nil {
-			if !errors.Is(err, errSplit) {
+			culprit := -1
+			var f *itemFailed
+			if errors.As(err, &f) {
+				culprit = f.i
+				outs[f.i], errs[f.i] = Failed, f.err
+			} else {
 				c.log.WarnContext(ctx, "batch failed: applying its messages one at a time", "consumer", c.name, "messages", len(live), "error", err)
 			}
 			for _, i := range live {
-				outs[i], errs[i] = c.handle(items[i].ctx(ctx), items[i].Msg, items[i].Effect)
+				if i != culprit {
+					outs[i], errs[i] = c.handle(items[i].ctx(ctx), items[i].Msg, items[i].Effect)
+				}
 			}
 		}
 	}
@@ -114,7 +132,7 @@ func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs [
 			// copy in the same batch is judged against it below.
 			delete(fresh, id)
 			if err := items[i].Effect(items[i].ctx(ctx), tx); err != nil {
-				return Failed, errSplit
+				return Failed, &itemFailed{i: i, err: err}
 			}
 			decided[k] = Applied
 			if known == nil {

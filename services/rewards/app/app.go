@@ -45,10 +45,11 @@ type Config struct {
 	// Concurrency is how many payment events are handled at once; with
 	// Batch, how many receives (of up to 10 events each).
 	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
-	// Batch applies each receive's events in one transaction
-	// (idempotent.Consumer.HandleBatch), falling back to one transaction
-	// per event when anything in the batch fails. Off: one per event.
-	Batch bool `env:"CONSUMER_BATCH" envDefault:"true"`
+	// BatchSize is how many events one receive asks for and one
+	// transaction applies (idempotent.Consumer.HandleBatch, falling back to
+	// one transaction per event when anything in the batch fails), at most
+	// 10, SQS's limit [10; 0 means 10]. 1: one transaction per event.
+	BatchSize int `env:"CONSUMER_BATCH_SIZE" envDefault:"10"`
 	// DedupeRetention is the dedupe window: it must outlast SQS's 14-day
 	// maximum retention by a day, so the service refuses to start below 360h.
 	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
@@ -175,7 +176,13 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		}
 	}
 	var sub *sqstransport.Subscriber
-	if cfg.Batch {
+	if cfg.BatchSize <= 0 || cfg.BatchSize > 10 {
+		cfg.BatchSize = 10
+	}
+	if sc.MaxMessages == 0 && cfg.SubscriberEnv.MaxMessages == 0 {
+		sc.MaxMessages = cfg.BatchSize
+	}
+	if cfg.BatchSize > 1 {
 		sub, err = service.NewBatchSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleBatchDeliveries)
 	} else {
 		sub, err = service.NewSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleDelivery)
