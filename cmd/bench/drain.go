@@ -90,7 +90,7 @@ func benchDrain(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *repo
 			if _, err := bareSend(ctx, sq.client, in, msgs, relayInFlight); err != nil {
 				return 0, nil, nil, err
 			}
-			env := []string{"REWARDS_DATABASE_URL=" + pg.connString("bench_" + pg.run + "_" + tag),
+			env := []string{"REWARDS_DATABASE_URL=" + pg.connString("bench_"+pg.run+"_"+tag),
 				"PAYMENTS_QUEUE=" + queueName(in), "REWARDS_QUEUE=" + queueName(out)}
 			names := []string{stack.Rewards, "rewards-2"}[:replicas]
 			s0 := cpu.sample()

@@ -136,8 +136,11 @@ func producerTarget(conns int) *Target {
 	return nil
 }
 
-// startNotifier returns the wake-up the producer uses after its commit
-// (nil while the outbox trigger notifies inside the transaction).
+// startNotifier runs the wake-up a producer sends after its commit.
 func startNotifier(ctx context.Context, pool *pgxpool.Pool) (*outbox.Notifier, func(), error) {
-	return nil, func() {}, nil
+	n := outbox.NewNotifier(pool, outbox.NotifierConfig{Logger: quiet})
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	return n, func() { cancel(); <-done }, nil
 }

@@ -9,8 +9,8 @@ import (
 	"math"
 	"os"
 	"runtime"
-	"slices"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -39,8 +39,8 @@ type Row struct {
 	Rounds      []float64 `json:"rounds,omitempty"`
 	RatioRounds []float64 `json:"ratio_rounds,omitempty"`
 	Spread      *Spread   `json:"spread,omitempty"`
-	Target *Target `json:"target,omitempty"`
-	Met    *bool   `json:"met,omitempty"`
+	Target      *Target   `json:"target,omitempty"`
+	Met         *bool     `json:"met,omitempty"`
 	// Details: sample counts, percentiles, elapsed time, ...
 	Details map[string]any `json:"details,omitempty"`
 }

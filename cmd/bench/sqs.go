@@ -730,7 +730,7 @@ func benchLatency(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *re
 		key, name string
 		cfg       outbox.RelayConfig
 	}{
-		{"listen", "LISTEN/NOTIFY (poll 10s)", outbox.RelayConfig{PollInterval: 10 * time.Second}},
+		{"listen", "LISTEN + Notifier after commit (poll 10s)", outbox.RelayConfig{PollInterval: 10 * time.Second}},
 		{"poll200", "polling every 200ms", outbox.RelayConfig{PollInterval: 200 * time.Millisecond, DisableListen: true}},
 	} {
 		if err := func() error {
@@ -768,13 +768,24 @@ func benchLatency(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *re
 			}
 			seen, stop := receivers(ctx, c, q, 2)
 			defer stop()
+			var wake *outbox.Notifier
+			if !cfg.DisableListen {
+				n, stopWake, err := startNotifier(ctx, pool)
+				if err != nil {
+					return err
+				}
+				defer stopWake()
+				wake = n
+			}
 			t0, err := steady(ctx, o.duration, func(ctx context.Context) (uuid.UUID, time.Time, error) {
 				cr, err := newCredit()
 				if err != nil {
 					return uuid.Nil, time.Time{}, err
 				}
 				err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Add(ctx, tx, cr.env) })
-				return cr.env.EventID, time.Now(), err
+				at := time.Now()
+				wake.Notify()
+				return cr.env.EventID, at, err
 			})
 			if err != nil {
 				return err

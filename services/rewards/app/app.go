@@ -81,6 +81,7 @@ type App struct {
 	pool       *pgxpool.Pool
 	subscriber *sqstransport.Subscriber
 	relay      *outbox.Relay
+	wake       *outbox.Notifier
 	maintainer *idempotent.Maintainer
 	addr       string
 	log        *slog.Logger
@@ -163,6 +164,8 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	if err != nil {
 		return nil, err
 	}
+	wake := outbox.NewNotifier(pool, outbox.NotifierConfig{Logger: log})
+	proc.WakeRelays(wake)
 
 	rewardsURL, err := service.QueueURL(ctx, client, cfg.RewardsQueue, cfg.QueueWait, log)
 	if err != nil {
@@ -202,7 +205,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		"sqs " + cfg.PaymentsQueue: service.QueueCheck(client, cfg.PaymentsQueue),
 		"sqs " + cfg.RewardsQueue:  service.QueueCheck(client, cfg.RewardsQueue)})
 	srv.Routes(r)
-	return &App{Processor: proc, Fail: fail, Router: r, pool: pool, subscriber: sub, relay: relay,
+	return &App{Processor: proc, Fail: fail, Router: r, pool: pool, subscriber: sub, relay: relay, wake: wake,
 		maintainer: maint, addr: addr, log: log}, nil
 }
 
@@ -212,6 +215,7 @@ func (a *App) Tasks() []service.Task {
 		service.HTTPTask(a.addr, a.Router, a.log),
 		{Name: "subscriber payments-events", Run: a.subscriber.Run},
 		{Name: "outbox relay rewards-events", Run: a.relay.Run},
+		{Name: "outbox wake-up (NOTIFY after commit)", Run: a.wake.Run},
 		{Name: "dedupe retention maintenance", Run: a.maintainer.Run},
 	}
 }

@@ -51,6 +51,7 @@ const (
 // sqstransport.Handler of the payments-events subscriber.
 type Processor struct {
 	consumer *idempotent.Consumer
+	wake     *outbox.Notifier // nil: the relays find new rows by polling
 	fail     *FailHook
 	log      *slog.Logger
 	results  metric.Int64Counter
@@ -69,6 +70,10 @@ func NewProcessor(consumer *idempotent.Consumer, fail *FailHook, log *slog.Logge
 	}
 	return &Processor{consumer: consumer, fail: fail, log: log, results: c}, nil
 }
+
+// WakeRelays makes every commit that wrote an outbox row (a credit, a
+// reversal) ask n to wake the relays.
+func (p *Processor) WakeRelays(n *outbox.Notifier) { p.wake = n }
 
 // HandleDelivery is the subscriber's handler: nil means committed (now or
 // before), so the message may be deleted.
@@ -167,6 +172,9 @@ func (p *Processor) finish(ctx context.Context, f *effect, out idempotent.Outcom
 	if out == idempotent.Duplicate {
 		p.log.InfoContext(ctx, "duplicate copy acked: already applied", "event_id", e.EventID, "event_type", e.EventType)
 		return nil
+	}
+	if res == Credited || res == Reversed {
+		p.wake.Notify()
 	}
 	p.results.Add(ctx, 1, metric.WithAttributes(attribute.String("event_type", e.EventType), attribute.String("result", string(res))))
 	log := p.log.With("event_id", e.EventID, "event_type", e.EventType, "payment_id", e.AggregateID,
