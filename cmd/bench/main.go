@@ -191,6 +191,11 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("producer measurements: %w", err)
 		}
 	}
+	if o.part("sqs") || o.part("peers") {
+		if peerCmd, err = buildPeers(ctx, o, runID); err != nil {
+			return err
+		}
+	}
 	sq, err := newSQSEnv(ctx, runID)
 	if err != nil {
 		return err
@@ -199,6 +204,11 @@ func run(ctx context.Context, o options) error {
 	if o.part("sqs") {
 		if err := benchSQS(ctx, pg, sq, o, rep); err != nil {
 			return fmt.Errorf("SQS measurements: %w", err)
+		}
+	}
+	if o.part("peers") {
+		if err := benchInboxVsRiver(ctx, pg, peerCmd, o, rep); err != nil {
+			return fmt.Errorf("peers: %w", err)
 		}
 	}
 	if o.part("drain") && !o.skipPipeline {

@@ -485,3 +485,9 @@ func sortedMillis(ds []time.Duration) []float64 {
 	sort.Float64s(out)
 	return out
 }
+
+func medianOf(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return median(s)
+}

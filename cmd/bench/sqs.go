@@ -318,6 +318,7 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 		{series: series{key: "relay_r1_w4x2", name: "outbox relay, 1 replica, tuned: 4 workers x 2 calls (still 8 in flight)",
 			unit: "rows/s", base: "bare_send"}, replicas: 1, workers: 4, calls: 2},
 	}
+	wm := &series{key: "peer_watermill", name: "Watermill v1.5.1 Forwarder (watermill-sql v4.1.2 outbox → SQS)", unit: "rows/s"}
 	for _, rc := range relays {
 		pool, drop, err := pg.freshDB(ctx, rc.key, 4)
 		if err != nil {
@@ -357,6 +358,18 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 			}
 			rc.add(per, el, use)
 		}
+		if peerCmd != nil {
+			var res peerResult
+			use, err := cpuOf(func() (err error) { res, err = peerCmd.round(ctx, "watermill", per); return err })
+			if err != nil {
+				return err
+			}
+			wm.add(per, time.Duration(res.Seconds*float64(time.Second)), use)
+			wm.details = map[string]any{"config": res.Config}
+		}
+	}
+	if peerCmd != nil {
+		wm.row(rep, sec)
 	}
 	bare8.row(rep, sec)
 	bare4.row(rep, sec)
@@ -368,6 +381,10 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 		rc.details = map[string]any{"replicas": rc.replicas, "workers": rc.workers, "calls_per_publish": rc.calls,
 			"queue_depth_after": d, "duplicates_sent": d - rc.n, "publish_share_per_round": rc.publishShare}
 		rc.row(rep, sec)
+	}
+	if r1, w := rep.ref("relay_r1"), rep.ref("peer_watermill"); r1 != nil && w != nil {
+		rep.add(&Row{Key: "relay_r1_vs_watermill", Section: sec, Name: "outbox relay, 1 replica, vs Watermill's Forwarder", Value: r1.Value, Unit: "rows/s",
+			Rounds: r1.Rounds, Baseline: w, Target: minRatio(1.5)})
 	}
 	if r1, r2 := rep.ref("relay_r1"), rep.ref("relay_r2"); r1 != nil && r2 != nil {
 		rep.add(&Row{Key: "relay_r2_vs_r1", Section: sec, Name: "outbox relay, 2 replicas vs 1", Value: r2.Value, Unit: "rows/s", Rounds: r2.Rounds,
