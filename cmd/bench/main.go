@@ -15,10 +15,18 @@
 //  3. The library: Consumer.Handle for new and for duplicate messages,
 //     HandleBatch (10 per call), Inbox.Receive, the outbox relay (1 and 2
 //     replicas) and its commit→queue latency (LISTEN/NOTIFY and polling).
-//  4. The pipeline: -payments payments through the payments HTTP API with
+//  4. The producer: the payments transaction and a bare INSERT, each with
+//     and without its outbox row (and the wake-up after commit).
+//  5. The peers (bench/peers, a module of its own): Watermill's Forwarder
+//     against the relay, River against the inbox pipeline.
+//  6. Drains: -drain-msgs events pre-filled, the real rewards (1 and 2
+//     replicas) and notifications processes timed from start to the last
+//     effect, against a bare receive+delete drain and the bare batched
+//     rewards transaction.
+//  7. The pipeline: -payments payments through the payments HTTP API with
 //     the four services running, payments/s and the latency from the
 //     payment's commit to the cashback commit and to the SMS being SENT.
-//  5. With -soak D: the pipeline at full load for D, sampling each
+//  8. With -soak D: the pipeline at full load for D, sampling each
 //     service's RSS every 5 s.
 //
 // Every measurement gets its own fresh database (CREATE DATABASE
@@ -28,10 +36,13 @@
 //
 // The machine is usually small and shared (2 cores here), so throughput
 // figures are taken in interleaved rounds (bare, library, bare, library,
-// ...; -rounds, -sqs-rounds) and each is the median of its rounds, so that
-// a burst of load from elsewhere hits both sides alike; the JSON keeps
-// every round's rate and, per measurement, the cores each process group
-// used (PostgreSQL, the SQS server, the bench, the services, "other").
+// ...; -rounds, -sqs-rounds, -drain-rounds, at least 5 by default) and each
+// is the median of its rounds, so that a burst of load from elsewhere hits
+// both sides alike; a ratio is the median of the per-round ratios, printed
+// with its quartiles and extremes, and a target is met only when the lower
+// quartile meets it. The JSON keeps every round and, per measurement, the
+// cores each process group used (PostgreSQL, the SQS server, the bench,
+// the services, "other").
 //
 // It exits 0 when targets are missed (it is a measurement) and non-zero only
 // when something failed.
