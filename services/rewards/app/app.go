@@ -42,8 +42,8 @@ type Config struct {
 	RateMinLead   time.Duration `env:"REWARDS_RATE_MIN_LEAD" envDefault:"1m"`
 	PaymentsQueue string        `env:"PAYMENTS_QUEUE" envDefault:"payments-events"`
 	RewardsQueue  string        `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
-	// Concurrency is how many payment events are handled at once; with
-	// Batch, how many receives (of up to 10 events each).
+	// Concurrency is how many receives (batches of up to BatchSize
+	// events) are handled at once; with BatchSize 1, how many events.
 	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
 	// BatchSize is how many events one receive asks for and one
 	// transaction applies (idempotent.Consumer.HandleBatch, falling back to
