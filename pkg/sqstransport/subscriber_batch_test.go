@@ -122,3 +122,46 @@ func TestBatchSubscriberHandsWholeReceivesAndSettlesEachMessage(t *testing.T) {
 		t.Errorf("DLQ holds %d, want 2 (the undecodable and the poison)", visible)
 	}
 }
+
+// A batch handler that panics does not stop the subscriber: the receive's
+// messages fail like a handler error (nothing deleted), come back, and are
+// deleted once a later call succeeds.
+func TestBatchHandlerPanicLeavesTheReceiveForRedelivery(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, _ := testenv.Queue(t, c, 5, 30*time.Second)
+	e := newEvent(t, 1)
+	send(t, c, q, e)
+	var mu sync.Mutex
+	calls := 0
+	h := func(ctx context.Context, ds []sqstransport.Delivery) []error {
+		mu.Lock()
+		calls++
+		n := calls
+		mu.Unlock()
+		if n == 1 {
+			panic("boom")
+		}
+		return make([]error, len(ds))
+	}
+	cfg := testConfig(q)
+	s, err := sqstransport.NewBatchSubscriber(c, cfg, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	waitEmpty(t, c, q, 20*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 2 {
+		t.Errorf("handler called %d times, want 2 (the panic, then the redelivery)", calls)
+	}
+}
