@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"time"
 
