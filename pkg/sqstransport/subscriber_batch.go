@@ -73,10 +73,7 @@ func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
 	t0 := time.Now()
 	// One deadline for the receive, as for a single message: the batch's
 	// transaction must end before the messages' visibility does.
-	hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
-	panicked, errs := s.callBatch(hctx, ds)
-	timedOut := errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
-	cancel()
+	panicked, timedOut, errs := s.handleBatch(ctx, ds)
 	stopHeartbeat()
 	took := time.Since(t0) / time.Duration(len(ds))
 	for i, it := range items {
@@ -88,6 +85,41 @@ func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
 		}
 		s.settle(ds[i].Ctx, it.span, it.m, ds[i], verdict{err: err, timedOut: timedOut && err != nil, panicked: panicked}, took, it.log)
 		it.span.End()
+	}
+}
+
+// handleBatch is handle for a receive: the batch handler within
+// HandlerTimeout, panics recovered, and, while a failure is an outage the
+// Gate confirms, the receive held (the heartbeat keeps it invisible) and
+// handed over again once the gate reopens, so an outage costs no message
+// a delivery. It gives up, returning the last attempt's results, when the
+// drain starts or MaxExtension has passed.
+func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (panicked, timedOut bool, errs []error) {
+	deadline := time.Now().Add(s.cfg.MaxExtension)
+	for {
+		hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
+		panicked, errs = s.callBatch(hctx, ds)
+		timedOut = errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+		cancel()
+		var suspect error
+		for _, err := range errs {
+			if err != nil && !IsPermanent(err) {
+				suspect = err
+				break
+			}
+		}
+		if suspect == nil || panicked || !s.cfg.Gate.Suspect(ctx, suspect) {
+			return panicked, timedOut, errs
+		}
+		s.log.Warn("dependency unavailable: holding the receive until it answers", "error", suspect, "messages", len(ds))
+		wctx, cancelWait := context.WithDeadline(ctx, deadline)
+		stop := context.AfterFunc(s.stopping, cancelWait)
+		werr := s.cfg.Gate.Wait(wctx)
+		stop()
+		cancelWait()
+		if werr != nil {
+			return panicked, timedOut, errs
+		}
 	}
 }
 
