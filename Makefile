@@ -76,12 +76,14 @@ demo: deps
 demo-check: deps
 	$(STACK) with $(GO) run ./cmd/demo -no-wait
 
-## bench: measure the library against bare PostgreSQL and SQS baselines on
-## the same servers, and the four services end to end; prints a table and
-## writes bench.json (flags: BENCH_FLAGS='-duration 3s -soak 5m ...', see
-## go run ./cmd/bench -h). Takes about 3 minutes. Then cmd/benchstores: the
-## DynamoDB consumer vs bare TransactWriteItems on moto, a 20,000-event replay
-## with the Redis pre-filter off and on, the cost per message in each store
+## bench: measure the library against bare PostgreSQL and SQS baselines and
+## against Watermill and River (bench/peers) on the same servers, the
+## services draining a 20,000-event backlog, and the four services end to
+## end; prints a table and writes bench.json (flags: BENCH_FLAGS='-duration
+## 3s -drain-msgs 5000 -soak 5m ...', see go run ./cmd/bench -h); 10-20
+## minutes on 2 cores. Then cmd/benchstores: the DynamoDB consumer vs bare
+## TransactWriteItems on moto, a 20,000-event replay with the Redis
+## pre-filter off and on, the cost per message in each store
 ## (STORES_BENCH_FLAGS; writes bench-stores.json; about a minute).
 bench: deps
 	$(STACK) with sh -c '$(GO) run ./cmd/bench $(BENCH_FLAGS) && $(GO) run ./cmd/benchstores $(STORES_BENCH_FLAGS)'

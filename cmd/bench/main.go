@@ -15,10 +15,18 @@
 //  3. The library: Consumer.Handle for new and for duplicate messages,
 //     HandleBatch (10 per call), Inbox.Receive, the outbox relay (1 and 2
 //     replicas) and its commit→queue latency (LISTEN/NOTIFY and polling).
-//  4. The pipeline: -payments payments through the payments HTTP API with
+//  4. The producer: the payments transaction and a bare INSERT, each with
+//     and without its outbox row (and the wake-up after commit).
+//  5. The peers (bench/peers, a module of its own): Watermill's Forwarder
+//     against the relay, River against the inbox pipeline.
+//  6. Drains: -drain-msgs events pre-filled, the real rewards (1 and 2
+//     replicas) and notifications processes timed from start to the last
+//     effect, against a bare receive+delete drain and the bare batched
+//     rewards transaction.
+//  7. The pipeline: -payments payments through the payments HTTP API with
 //     the four services running, payments/s and the latency from the
 //     payment's commit to the cashback commit and to the SMS being SENT.
-//  5. With -soak D: the pipeline at full load for D, sampling each
+//  8. With -soak D: the pipeline at full load for D, sampling each
 //     service's RSS every 5 s.
 //
 // Every measurement gets its own fresh database (CREATE DATABASE
@@ -28,10 +36,13 @@
 //
 // The machine is usually small and shared (2 cores here), so throughput
 // figures are taken in interleaved rounds (bare, library, bare, library,
-// ...; -rounds, -sqs-rounds) and each is the median of its rounds, so that
-// a burst of load from elsewhere hits both sides alike; the JSON keeps
-// every round's rate and, per measurement, the cores each process group
-// used (PostgreSQL, the SQS server, the bench, the services, "other").
+// ...; -rounds, -sqs-rounds, -drain-rounds, at least 5 by default) and each
+// is the median of its rounds, so that a burst of load from elsewhere hits
+// both sides alike; a ratio is the median of the per-round ratios, printed
+// with its quartiles and extremes, and a target is met only when the lower
+// quartile meets it. The JSON keeps every round and, per measurement, the
+// cores each process group used (PostgreSQL, the SQS server, the bench,
+// the services, "other").
 //
 // It exits 0 when targets are missed (it is a measurement) and non-zero only
 // when something failed.
@@ -67,6 +78,12 @@ type options struct {
 	only         map[string]bool
 	basePort     int
 	root         string
+	drainMsgs    int
+	drainRounds  int
+	// notificationsBefore is the notifications drain rate measured before
+	// batching; its target is 3x that.
+	notificationsBefore float64
+	peers               string
 }
 
 func main() {
@@ -79,10 +96,14 @@ func main() {
 	flag.StringVar(&o.out, "out", "bench.json", "where to write the JSON results")
 	flag.BoolVar(&o.skipPipeline, "skip-pipeline", false, "skip the pipeline (and soak) measurements, which start the services")
 	flag.IntVar(&o.relayRows, "relay-rows", 15000, "outbox rows (and SQS messages) per relay / SQS throughput measurement, split over -sqs-rounds")
-	flag.IntVar(&o.sqsRounds, "sqs-rounds", 3, "SQS throughput measurements are interleaved in this many rounds; each figure is the median of its rounds")
+	flag.IntVar(&o.sqsRounds, "sqs-rounds", 5, "SQS throughput measurements are interleaved in this many rounds; each figure is the median of its rounds")
 	flag.IntVar(&o.rounds, "rounds", 6, "PostgreSQL measurements are interleaved in this many rounds of -duration/rounds each; each figure is the median of its rounds")
 	flag.IntVar(&o.basePort, "base-port", 0, "run the pipeline's services on ports base (payments), base+1 (rewards), base+2 (notifications), base+9 (SMS provider) instead of the stack's 8081-8083, 8090")
-	only := flag.String("only", "", "run only these parts, comma-separated: postgres, sqs, pipeline (default: all)")
+	flag.IntVar(&o.drainMsgs, "drain-msgs", 20000, "messages pre-filled per drain measurement")
+	flag.IntVar(&o.drainRounds, "drain-rounds", 5, "drain measurements are interleaved in this many rounds")
+	flag.Float64Var(&o.notificationsBefore, "notifications-drain-before", 0, "the notifications drain rate (msgs/s) before batching, to hold today's drain to 3x it (0: no target row)")
+	flag.StringVar(&o.peers, "peers", "bench/peers", "directory of the peers' module (Watermill, River), run in the same run with the same servers (empty: skip)")
+	only := flag.String("only", "", "run only these parts, comma-separated: postgres, producer, sqs, drain, peers, pipeline (default: all)")
 	flag.StringVar(&o.root, "root", "", "repository root (default: found from the working directory)")
 	flag.Parse()
 	for _, s := range strings.Split(conns, ",") {
@@ -97,10 +118,10 @@ func main() {
 		o.only = map[string]bool{}
 		for _, s := range strings.Split(*only, ",") {
 			switch s = strings.TrimSpace(s); s {
-			case "postgres", "sqs", "pipeline":
+			case "postgres", "producer", "sqs", "drain", "peers", "pipeline":
 				o.only[s] = true
 			default:
-				fmt.Fprintf(os.Stderr, "bench: -only: unknown part %q (want postgres, sqs, pipeline)\n", s)
+				fmt.Fprintf(os.Stderr, "bench: -only: unknown part %q (want postgres, producer, sqs, drain, peers, pipeline)\n", s)
 				os.Exit(2)
 			}
 		}
@@ -176,6 +197,16 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("postgres measurements: %w", err)
 		}
 	}
+	if o.part("producer") {
+		if err := benchProducer(ctx, pg, o, rep); err != nil {
+			return fmt.Errorf("producer measurements: %w", err)
+		}
+	}
+	if o.part("sqs") || o.part("peers") {
+		if peerCmd, err = buildPeers(ctx, o, runID); err != nil {
+			return err
+		}
+	}
 	sq, err := newSQSEnv(ctx, runID)
 	if err != nil {
 		return err
@@ -184,6 +215,16 @@ func run(ctx context.Context, o options) error {
 	if o.part("sqs") {
 		if err := benchSQS(ctx, pg, sq, o, rep); err != nil {
 			return fmt.Errorf("SQS measurements: %w", err)
+		}
+	}
+	if o.part("peers") {
+		if err := benchInboxVsRiver(ctx, pg, peerCmd, o, rep); err != nil {
+			return fmt.Errorf("peers: %w", err)
+		}
+	}
+	if o.part("drain") && !o.skipPipeline {
+		if err := benchDrain(ctx, pg, sq, o, rep); err != nil {
+			return fmt.Errorf("drain: %w", err)
 		}
 	}
 	if o.part("pipeline") && !o.skipPipeline {

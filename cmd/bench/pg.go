@@ -330,7 +330,7 @@ func interleave(ctx context.Context, d time.Duration, rounds, workers int, cases
 func (c *bcase) row(rep *report, sec string, workers int) {
 	rates := slices.Clone(c.rates)
 	slices.Sort(rates)
-	row := &Row{Key: c.key, Section: sec, Name: c.name, Value: median(rates), Unit: c.unit,
+	row := &Row{Key: c.key, Section: sec, Name: c.name, Value: median(rates), Unit: c.unit, Rounds: c.rates,
 		Target: c.target, Details: map[string]any{"count": c.count, "measured_s": c.elapsed.Seconds(), "connections": workers,
 			"mean_rate": float64(c.count) / c.elapsed.Seconds(), "round_rates": c.rates, "cpu_cores": c.cpu.rounded()}}
 	if c.base != "" {

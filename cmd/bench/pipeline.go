@@ -61,7 +61,7 @@ type pipeline struct {
 func benchPipeline(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report) error {
 	const sec = "Pipeline: payments API → rewards → notifications (4 service processes)"
 	progress("pipeline: fresh databases and queues, building and starting the services")
-	p, closeAll, err := startPipeline(ctx, pg, sq, o)
+	p, closeAll, err := startPipeline(ctx, pg, sq, o, "svc")
 	if err != nil {
 		return err
 	}
@@ -108,7 +108,9 @@ func benchPipeline(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *r
 	return nil
 }
 
-func startPipeline(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options) (*pipeline, func(), error) {
+// startPipeline starts the four services on fresh databases
+// (bench_<run>_<tag>_<service>) and queues (<tag>-payments-events, ...).
+func startPipeline(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, tag string) (*pipeline, func(), error) {
 	var cleanups []func()
 	closeAll := func() {
 		for i := len(cleanups) - 1; i >= 0; i-- {
@@ -131,7 +133,7 @@ func startPipeline(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options) (*pipe
 		Transport: &http.Transport{MaxIdleConnsPerHost: 2 * pipelineConcurrency}}}
 	dbs := map[string]**pgxpool.Pool{"payments": &p.payments, "rewards": &p.rewards, "notifications": &p.nfs}
 	for _, svc := range []string{"payments", "rewards", "notifications"} {
-		db := "bench_" + pg.run + "_svc_" + svc
+		db := "bench_" + pg.run + "_" + tag + "_" + svc
 		if err := pg.createDB(ctx, db); err != nil {
 			return fail(err)
 		}
@@ -148,12 +150,12 @@ func startPipeline(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options) (*pipe
 		env[strings.ToUpper(svc)+"_DATABASE_URL"] = pg.connString(db)
 	}
 	for _, q := range []struct{ name, envVar string }{{"payments-events", "PAYMENTS_QUEUE"}, {"rewards-events", "REWARDS_QUEUE"}} {
-		url, del, err := sq.queue(ctx, q.name, 30*time.Second)
+		url, del, err := sq.queue(ctx, tag+"-"+q.name, 30*time.Second)
 		if err != nil {
 			return fail(err)
 		}
 		cleanups = append(cleanups, del)
-		env[q.envVar] = url[strings.LastIndex(url, "/")+1:]
+		env[q.envVar] = queueName(url)
 	}
 	if o.basePort > 0 {
 		for svc, off := range map[string]int{"PAYMENTS_URL": 0, "REWARDS_URL": 1, "NOTIFICATIONS_URL": 2, "SMS_PROVIDER_URL": 9} {
@@ -179,6 +181,8 @@ func startPipeline(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options) (*pipe
 
 // post sends n payments (n <= 0: until ctx ends or d passes) at
 // concurrency 8 and returns their ids and HTTP latencies.
+func queueName(url string) string { return url[strings.LastIndex(url, "/")+1:] }
+
 func (p *pipeline) post(ctx context.Context, n int, d time.Duration) ([]string, []time.Duration, error) {
 	var (
 		mu   sync.Mutex

@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -26,20 +27,62 @@ type Row struct {
 	Unit    string  `json:"unit"`
 	// Baseline is what Value is compared with, when anything is.
 	Baseline *Ref `json:"baseline,omitempty"`
-	// Ratio is Value / Baseline.Value.
-	Ratio  float64 `json:"ratio,omitempty"`
-	Target *Target `json:"target,omitempty"`
-	Met    *bool   `json:"met,omitempty"`
+	// Ratio is Value / Baseline.Value, or, when both rows have the same
+	// number of interleaved rounds, the median of the per-round ratios
+	// (round i of the row over round i of its baseline): a burst of load
+	// that slowed one round slowed both sides of that round's ratio.
+	Ratio float64 `json:"ratio,omitempty"`
+	// Rounds are the row's per-round values (rates, drain rates), in the
+	// order they ran; RatioRounds the per-round ratios, Spread the
+	// quartiles and extremes of RatioRounds (or of Rounds when there is no
+	// baseline).
+	Rounds      []float64 `json:"rounds,omitempty"`
+	RatioRounds []float64 `json:"ratio_rounds,omitempty"`
+	Spread      *Spread   `json:"spread,omitempty"`
+	Target      *Target   `json:"target,omitempty"`
+	Met         *bool     `json:"met,omitempty"`
 	// Details: sample counts, percentiles, elapsed time, ...
 	Details map[string]any `json:"details,omitempty"`
 }
 
 // Ref names a baseline row and carries its value.
 type Ref struct {
-	Key   string  `json:"key"`
-	Name  string  `json:"measurement"`
-	Value float64 `json:"value"`
-	Unit  string  `json:"unit"`
+	Key    string    `json:"key"`
+	Name   string    `json:"measurement"`
+	Value  float64   `json:"value"`
+	Unit   string    `json:"unit"`
+	Rounds []float64 `json:"-"`
+}
+
+// Spread is where the rounds lie: extremes and quartiles.
+type Spread struct {
+	Min float64 `json:"min"`
+	Q1  float64 `json:"q1"`
+	Q3  float64 `json:"q3"`
+	Max float64 `json:"max"`
+	N   int     `json:"rounds"`
+}
+
+func spreadOf(vs []float64) *Spread {
+	if len(vs) < 2 {
+		return nil
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	return &Spread{Min: s[0], Q1: quartile(s, 0.25), Q3: quartile(s, 0.75), Max: s[len(s)-1], N: len(s)}
+}
+
+// quartile of sorted values, interpolating between ranks (the method of
+// most statistics packages), so that 5 rounds give a Q1 between the 2nd
+// and the 3rd value rather than the 2nd itself.
+func quartile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return math.NaN()
+	}
+	pos := q * float64(len(sorted)-1)
+	lo := int(math.Floor(pos))
+	hi := min(lo+1, len(sorted)-1)
+	return sorted[lo] + (pos-float64(lo))*(sorted[hi]-sorted[lo])
 }
 
 // Target is what a row is held to: the ratio at least Min, or the value at
@@ -47,12 +90,17 @@ type Ref struct {
 type Target struct {
 	Text     string   `json:"text"`
 	MinRatio *float64 `json:"min_ratio,omitempty"`
+	MinValue *float64 `json:"min_value,omitempty"`
 	MaxValue *float64 `json:"max_value,omitempty"`
 	Abs      bool     `json:"abs,omitempty"`
 }
 
 func minRatio(r float64) *Target {
 	return &Target{Text: fmt.Sprintf("≥ %s×", trimFloat(r)), MinRatio: &r}
+}
+
+func minValue(v float64, unit string) *Target {
+	return &Target{Text: fmt.Sprintf("≥ %s %s", trimFloat(v), unit), MinValue: &v}
 }
 
 func maxValue(v float64, unit string) *Target {
@@ -95,12 +143,38 @@ func (r *report) add(row *Row) *Row {
 	defer r.mu.Unlock()
 	if row.Baseline != nil && row.Baseline.Value != 0 {
 		row.Ratio = row.Value / row.Baseline.Value
+		if b := row.Baseline.Rounds; len(b) > 1 && len(b) == len(row.Rounds) {
+			row.RatioRounds = make([]float64, len(b))
+			for i := range b {
+				row.RatioRounds[i] = row.Rounds[i] / b[i]
+			}
+			sorted := slices.Clone(row.RatioRounds)
+			slices.Sort(sorted)
+			row.Ratio = median(sorted)
+		}
+	}
+	if row.RatioRounds != nil {
+		row.Spread = spreadOf(row.RatioRounds)
+	} else if row.Baseline == nil {
+		row.Spread = spreadOf(row.Rounds)
 	}
 	if t := row.Target; t != nil {
 		var met bool
 		switch {
 		case t.MinRatio != nil:
-			met = row.Baseline != nil && row.Ratio >= *t.MinRatio
+			// Met only when the lower quartile of the rounds meets it: a
+			// median just over the line on a noisy machine is not a pass.
+			low := row.Ratio
+			if row.Spread != nil && row.RatioRounds != nil {
+				low = row.Spread.Q1
+			}
+			met = row.Baseline != nil && low >= *t.MinRatio
+		case t.MinValue != nil:
+			low := row.Value
+			if row.Spread != nil {
+				low = row.Spread.Q1
+			}
+			met = low >= *t.MinValue
 		case t.MaxValue != nil && t.Abs:
 			met = math.Abs(row.Value) <= *t.MaxValue
 		case t.MaxValue != nil:
@@ -116,6 +190,9 @@ func (r *report) add(row *Row) *Row {
 	ratio := ""
 	if row.Baseline != nil {
 		ratio = fmt.Sprintf(" = %.2f× %s", row.Ratio, row.Baseline.Name)
+	}
+	if sp := row.Spread; sp != nil {
+		ratio += " [" + sp.text() + "]"
 	}
 	progress("  %-52s %s %s%s%s", row.Name, fmtValue(row.Value), row.Unit, ratio, met)
 	return row
@@ -133,7 +210,7 @@ func (r *report) ref(key string) *Ref {
 	defer r.mu.Unlock()
 	for _, row := range r.Rows {
 		if row.Key == key {
-			return &Ref{Key: key, Name: row.Name, Value: row.Value, Unit: row.Unit}
+			return &Ref{Key: key, Name: row.Name, Value: row.Value, Unit: row.Unit, Rounds: row.Rounds}
 		}
 	}
 	return nil
@@ -152,17 +229,32 @@ func fmtValue(v float64) string {
 	}
 }
 
+// text is the spread as the table prints it: quartiles, then extremes.
+func (sp *Spread) text() string {
+	return fmt.Sprintf("q1–q3 %s–%s, min–max %s–%s, %d rounds", fmtSpread(sp.Q1), fmtSpread(sp.Q3), fmtSpread(sp.Min), fmtSpread(sp.Max), sp.N)
+}
+
+func fmtSpread(v float64) string {
+	if math.Abs(v) < 10 {
+		return fmt.Sprintf("%.2f", v)
+	}
+	return fmtValue(v)
+}
+
 // print writes the table, aligned, as a markdown table.
 func (r *report) print(w io.Writer) {
-	header := []string{"measurement", "value", "unit", "baseline", "ratio", "target", "met"}
+	header := []string{"measurement", "value", "unit", "baseline", "ratio", "spread (q1–q3, min–max)", "target", "met"}
 	rows := [][]string{}
 	section := ""
 	for _, row := range r.Rows {
 		if row.Section != section {
 			section = row.Section
-			rows = append(rows, []string{"**" + section + "**", "", "", "", "", "", ""})
+			rows = append(rows, []string{"**" + section + "**", "", "", "", "", "", "", ""})
 		}
-		base, ratio, target, met := "", "", "", ""
+		base, ratio, spread, target, met := "", "", "", "", ""
+		if sp := row.Spread; sp != nil {
+			spread = fmt.Sprintf("%s–%s, %s–%s", fmtSpread(sp.Q1), fmtSpread(sp.Q3), fmtSpread(sp.Min), fmtSpread(sp.Max))
+		}
 		if row.Baseline != nil {
 			base = fmtValue(row.Baseline.Value) + " (" + row.Baseline.Key + ")"
 			ratio = fmt.Sprintf("%.2f×", row.Ratio)
@@ -173,7 +265,7 @@ func (r *report) print(w io.Writer) {
 		if row.Met != nil {
 			met = map[bool]string{true: "yes", false: "**no**"}[*row.Met]
 		}
-		rows = append(rows, []string{row.Name + " `" + row.Key + "`", fmtValue(row.Value), row.Unit, base, ratio, target, met})
+		rows = append(rows, []string{row.Name + " `" + row.Key + "`", fmtValue(row.Value), row.Unit, base, ratio, spread, target, met})
 	}
 	width := make([]int, len(header))
 	for i, h := range header {
@@ -283,6 +375,9 @@ func (r *report) printCPU(w io.Writer) {
 
 func fmtRatioOrValue(row *Row) string {
 	if row.Target.MinRatio != nil {
+		if row.Spread != nil && row.RatioRounds != nil {
+			return fmt.Sprintf("%.2f× (q1 %.2f×)", row.Ratio, row.Spread.Q1)
+		}
 		return fmt.Sprintf("%.2f×", row.Ratio)
 	}
 	return fmtValue(row.Value) + " " + row.Unit
@@ -389,4 +484,10 @@ func sortedMillis(ds []time.Duration) []float64 {
 	}
 	sort.Float64s(out)
 	return out
+}
+
+func medianOf(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return median(s)
 }

@@ -270,7 +270,7 @@ func (s *series) row(rep *report, sec string) {
 	for k, v := range s.details {
 		d[k] = v
 	}
-	row := &Row{Key: s.key, Section: sec, Name: s.name, Value: median(rates), Unit: s.unit, Target: s.target, Details: d}
+	row := &Row{Key: s.key, Section: sec, Name: s.name, Value: median(rates), Unit: s.unit, Rounds: s.rates, Target: s.target, Details: d}
 	if s.base != "" {
 		row.Baseline = rep.ref(s.base)
 	}
@@ -318,6 +318,7 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 		{series: series{key: "relay_r1_w4x2", name: "outbox relay, 1 replica, tuned: 4 workers x 2 calls (still 8 in flight)",
 			unit: "rows/s", base: "bare_send"}, replicas: 1, workers: 4, calls: 2},
 	}
+	wm := &series{key: "peer_watermill", name: "Watermill v1.5.1 Forwarder (watermill-sql v4.1.2 outbox → SQS)", unit: "rows/s"}
 	for _, rc := range relays {
 		pool, drop, err := pg.freshDB(ctx, rc.key, 4)
 		if err != nil {
@@ -357,6 +358,18 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 			}
 			rc.add(per, el, use)
 		}
+		if peerCmd != nil {
+			var res peerResult
+			use, err := cpuOf(func() (err error) { res, err = peerCmd.round(ctx, "watermill", per); return err })
+			if err != nil {
+				return err
+			}
+			wm.add(per, time.Duration(res.Seconds*float64(time.Second)), use)
+			wm.details = map[string]any{"config": res.Config}
+		}
+	}
+	if peerCmd != nil {
+		wm.row(rep, sec)
 	}
 	bare8.row(rep, sec)
 	bare4.row(rep, sec)
@@ -369,8 +382,12 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 			"queue_depth_after": d, "duplicates_sent": d - rc.n, "publish_share_per_round": rc.publishShare}
 		rc.row(rep, sec)
 	}
+	if r1, w := rep.ref("relay_r1"), rep.ref("peer_watermill"); r1 != nil && w != nil {
+		rep.add(&Row{Key: "relay_r1_vs_watermill", Section: sec, Name: "outbox relay, 1 replica, vs Watermill's Forwarder", Value: r1.Value, Unit: "rows/s",
+			Rounds: r1.Rounds, Baseline: w, Target: minRatio(1.5)})
+	}
 	if r1, r2 := rep.ref("relay_r1"), rep.ref("relay_r2"); r1 != nil && r2 != nil {
-		rep.add(&Row{Key: "relay_r2_vs_r1", Section: sec, Name: "outbox relay, 2 replicas vs 1", Value: r2.Value, Unit: "rows/s",
+		rep.add(&Row{Key: "relay_r2_vs_r1", Section: sec, Name: "outbox relay, 2 replicas vs 1", Value: r2.Value, Unit: "rows/s", Rounds: r2.Rounds,
 			Baseline: r1, Target: minRatio(1)})
 	}
 	var el time.Duration
@@ -730,7 +747,7 @@ func benchLatency(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *re
 		key, name string
 		cfg       outbox.RelayConfig
 	}{
-		{"listen", "LISTEN/NOTIFY (poll 10s)", outbox.RelayConfig{PollInterval: 10 * time.Second}},
+		{"listen", "LISTEN + Notifier after commit (poll 10s)", outbox.RelayConfig{PollInterval: 10 * time.Second}},
 		{"poll200", "polling every 200ms", outbox.RelayConfig{PollInterval: 200 * time.Millisecond, DisableListen: true}},
 	} {
 		if err := func() error {
@@ -768,13 +785,24 @@ func benchLatency(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *re
 			}
 			seen, stop := receivers(ctx, c, q, 2)
 			defer stop()
+			var wake *outbox.Notifier
+			if !cfg.DisableListen {
+				n, stopWake, err := startNotifier(ctx, pool)
+				if err != nil {
+					return err
+				}
+				defer stopWake()
+				wake = n
+			}
 			t0, err := steady(ctx, o.duration, func(ctx context.Context) (uuid.UUID, time.Time, error) {
 				cr, err := newCredit()
 				if err != nil {
 					return uuid.Nil, time.Time{}, err
 				}
 				err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Add(ctx, tx, cr.env) })
-				return cr.env.EventID, time.Now(), err
+				at := time.Now()
+				wake.Notify()
+				return cr.env.EventID, at, err
 			})
 			if err != nil {
 				return err

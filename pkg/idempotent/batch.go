@@ -14,10 +14,27 @@ import (
 type Item struct {
 	Msg    Message
 	Effect Effect
+	// Ctx, if set, is the context the item's effect runs with (its own
+	// trace span, say); the transaction is the batch's all the same.
+	Ctx context.Context
 }
 
-// errSplit aborts a batch transaction so that its items run one by one.
-var errSplit = errors.New("idempotent: split batch")
+func (it Item) ctx(batch context.Context) context.Context {
+	if it.Ctx != nil {
+		return it.Ctx
+	}
+	return batch
+}
+
+// itemFailed aborts a batch transaction because item i's effect failed:
+// that item gets its own error, the others run one by one.
+type itemFailed struct {
+	i   int
+	err error
+}
+
+func (f *itemFailed) Error() string { return fmt.Sprintf("idempotent: batch item %d: %v", f.i, f.err) }
+func (f *itemFailed) Unwrap() error { return f.err }
 
 // HandleBatch is Handle for up to a receive's worth of messages at once: one
 // multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING claims every new key,
@@ -25,10 +42,16 @@ var errSplit = errors.New("idempotent: split batch")
 // makes them all durable. That is one fsync for the batch instead of one per
 // message, with the same guarantee per message as Handle.
 //
-// If any effect fails, the batch transaction rolls back and each item runs
-// alone through Handle, so one poison message costs its neighbours a retry
-// but never their commit. Outcomes and errors come back in items' order;
-// ack exactly the items whose Outcome is Done.
+// If anything fails (an effect, the claim, the COMMIT), the batch
+// transaction rolls back and nothing of it stays: a crash mid-batch leaves
+// nothing half-applied. Then the items run one at a time through Handle,
+// each in its own transaction, except the one whose effect failed: it is
+// Failed with its effect's error (a permanent one parks it; any other
+// leaves it for redelivery), just as if it had been handled alone. So one
+// poison message costs its neighbours a retry but never their commit.
+// Serialization failures and deadlocks retry the whole batch first.
+// Outcomes and errors come back in items' order; ack exactly the items
+// whose Outcome is Done.
 func (c *Consumer) HandleBatch(ctx context.Context, items []Item) ([]Outcome, []error) {
 	outs := make([]Outcome, len(items))
 	errs := make([]error, len(items))
@@ -46,18 +69,24 @@ func (c *Consumer) HandleBatch(ctx context.Context, items []Item) ([]Outcome, []
 	}
 	if len(live) > 0 {
 		_, err := c.retry(ctx, func() (Outcome, error) { return c.batchTx(ctx, items, live, outs, errs) })
-		if errors.Is(err, errSplit) {
-			for _, i := range live {
-				outs[i], errs[i] = c.handle(ctx, items[i].Msg, items[i].Effect)
+		if err != nil {
+			culprit := -1
+			var f *itemFailed
+			if errors.As(err, &f) {
+				culprit = f.i
+				outs[f.i], errs[f.i] = Failed, f.err
+			} else {
+				c.log.WarnContext(ctx, "batch failed: applying its messages one at a time", "consumer", c.name, "messages", len(live), "error", err)
 			}
-		} else if err != nil {
 			for _, i := range live {
-				outs[i], errs[i] = Failed, err
+				if i != culprit {
+					outs[i], errs[i] = c.handle(items[i].ctx(ctx), items[i].Msg, items[i].Effect)
+				}
 			}
 		}
 	}
 	for i, it := range items {
-		c.record(ctx, it.Msg, outs[i], errs[i])
+		c.record(it.ctx(ctx), it.Msg, outs[i], errs[i])
 	}
 	return outs, errs
 }
@@ -102,8 +131,8 @@ func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs [
 			// The first copy of an id in the batch applies it; any later
 			// copy in the same batch is judged against it below.
 			delete(fresh, id)
-			if err := items[i].Effect(ctx, tx); err != nil {
-				return Failed, errSplit
+			if err := items[i].Effect(items[i].ctx(ctx), tx); err != nil {
+				return Failed, &itemFailed{i: i, err: err}
 			}
 			decided[k] = Applied
 			if known == nil {

@@ -278,14 +278,8 @@ const (
 )
 
 func (in *Inbox) receive(ctx context.Context, e events.Envelope, orderingKey string) (receiveOutcome, error) {
-	if err := e.Validate(); err != nil {
-		return receivedInvalid, Permanent(fmt.Errorf("idempotent: inbox %s: %w", in.consumer, err))
-	}
-	if orderingKey == "" {
-		return receivedInvalid, Permanent(fmt.Errorf("idempotent: inbox %s: empty ordering key for event %s", in.consumer, e.EventID))
-	}
-	if beyondWindow(e.EventID, e.OccurredAt, in.cfg.Now(), in.cfg.Retention) {
-		return receivedExpired, ErrExpired
+	if out, err := in.check(e, orderingKey); err != nil {
+		return out, err
 	}
 	hash := e.Hash()
 	tag, err := in.pool.Exec(ctx, `INSERT INTO inbox

@@ -78,6 +78,10 @@ func addCommitted(t testing.TB, ctx context.Context, pool *pgxpool.Pool, evs ...
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What a producer's Notifier sends after its commit.
+	if _, err := pool.Exec(ctx, `SELECT pg_notify($1, '')`, outbox.Channel); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {

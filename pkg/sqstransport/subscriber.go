@@ -34,6 +34,10 @@ type Delivery struct {
 	ReceiveCount int    // ApproximateReceiveCount
 	Attributes   map[string]string
 	Body         []byte
+	// Ctx is, for a BatchHandler, this message's own context: its trace
+	// span, under the traceparent it arrived with. A Handler gets that
+	// context as its ctx argument and Ctx is nil.
+	Ctx context.Context
 }
 
 // Handler processes one delivery. Return nil only once the effect is
@@ -55,7 +59,8 @@ type SubscriberConfig struct {
 	// DLQURL is where undecodable and permanently failing messages are
 	// parked. Empty: found from the queue's RedrivePolicy at start.
 	DLQURL string
-	// Concurrency is how many handlers run at once [8].
+	// Concurrency is how many handlers run at once [8]; for a
+	// NewBatchSubscriber, how many receives (batches) are handled at once.
 	Concurrency int
 	// WaitTime is the long-poll wait [20s, within 1s..20s]; MaxMessages per
 	// receive [10].
@@ -137,6 +142,7 @@ type Subscriber struct {
 	client   *sqs.Client
 	cfg      SubscriberConfig
 	handler  Handler
+	batch    BatchHandler // set by NewBatchSubscriber; then handler is nil
 	log      *slog.Logger
 	deletes  chan string
 	stopping context.Context // Run's ctx: cancelled when the drain starts
@@ -222,6 +228,26 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			continue
 		}
+		if s.batch != nil {
+			// A slot is a whole receive: always ask for MaxMessages.
+			msgs, err := s.receive(context.WithoutCancel(ctx), s.cfg.MaxMessages)
+			if err != nil || len(msgs) == 0 {
+				<-slots
+				if err != nil && ctx.Err() == nil {
+					receiveFailures++
+					delay := backoffFor(receiveFailures, time.Second, 20*time.Second)
+					s.log.Error("receive failed", "error", err, "retry_in", delay)
+					sleep(ctx, delay)
+				}
+				continue
+			}
+			receiveFailures = 0
+			inflight.Go(func() {
+				defer func() { <-slots }()
+				s.processBatch(work, msgs)
+			})
+			continue
+		}
 		n := 1
 		for n < s.cfg.MaxMessages {
 			select {
@@ -290,34 +316,60 @@ func (s *Subscriber) receive(ctx context.Context, n int) ([]types.Message, error
 	return out.Messages, nil
 }
 
-func (s *Subscriber) process(ctx context.Context, m types.Message) {
-	d := Delivery{SQSMessageID: aws.ToString(m.MessageId), Body: []byte(aws.ToString(m.Body)), Attributes: map[string]string{}}
+// decode turns a received message into a Delivery. An undecodable one is
+// parked here and ok is false.
+func (s *Subscriber) decode(ctx context.Context, m types.Message) (d Delivery, log *slog.Logger, ok bool) {
+	d = Delivery{SQSMessageID: aws.ToString(m.MessageId), Body: []byte(aws.ToString(m.Body)), Attributes: map[string]string{}}
 	d.ReceiveCount, _ = strconv.Atoi(m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
 	for k, v := range m.MessageAttributes {
 		if v.StringValue != nil {
 			d.Attributes[k] = *v.StringValue
 		}
 	}
-	log := s.log.With("sqs_message_id", d.SQSMessageID, "receive_count", d.ReceiveCount)
+	log = s.log.With("sqs_message_id", d.SQSMessageID, "receive_count", d.ReceiveCount)
 	env, err := events.Decode(d.Body)
 	if err != nil {
 		log.Error("undecodable message: parking it", "error", err)
 		s.park(ctx, m, d, "undecodable", err)
-		return
+		return d, log, false
 	}
 	d.Envelope = env
-	log = log.With("event_id", env.EventID, "event_type", env.EventType)
+	return d, log.With("event_id", env.EventID, "event_type", env.EventType), true
+}
 
+// startSpan continues the message's trace (its traceparent attribute).
+func (s *Subscriber) startSpan(ctx context.Context, d Delivery) (context.Context, trace.Span) {
 	ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier(d.Attributes))
-	ctx, span := otel.Tracer("sqstransport").Start(ctx, "process "+env.EventType,
+	return otel.Tracer("sqstransport").Start(ctx, "process "+d.Envelope.EventType,
 		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attribute.String("messaging.message.id", d.SQSMessageID), attribute.String("event_id", env.EventID.String())))
+		trace.WithAttributes(attribute.String("messaging.message.id", d.SQSMessageID), attribute.String("event_id", d.Envelope.EventID.String())))
+}
+
+func (s *Subscriber) process(ctx context.Context, m types.Message) {
+	d, log, ok := s.decode(ctx, m)
+	if !ok {
+		return
+	}
+	ctx, span := s.startSpan(ctx, d)
 	defer span.End()
 
-	stopHeartbeat := s.heartbeat(ctx, m.ReceiptHandle, log)
+	stopHeartbeat := s.heartbeat(ctx, []*string{m.ReceiptHandle}, log)
 	t0 := time.Now()
 	panicked, timedOut, err := s.handle(ctx, d, log)
 	stopHeartbeat()
+	s.settle(ctx, span, m, d, verdict{err: err, timedOut: timedOut, panicked: panicked}, time.Since(t0), log)
+}
+
+// verdict is what a handler's run said about one message.
+type verdict struct {
+	err                error
+	timedOut, panicked bool // past HandlerTimeout; the handler panicked
+}
+
+// settle acts on a handler's verdict for one message: delete it (nil),
+// park it (permanent) or leave it for a redelivery after its backoff.
+func (s *Subscriber) settle(ctx context.Context, span trace.Span, m types.Message, d Delivery, v verdict, took time.Duration, log *slog.Logger) {
+	err, timedOut, panicked := v.err, v.timedOut, v.panicked
 	result := "ok"
 	switch {
 	case timedOut:
@@ -327,7 +379,7 @@ func (s *Subscriber) process(ctx context.Context, m types.Message) {
 	case err != nil:
 		result = "failed"
 	}
-	s.duration.Record(ctx, time.Since(t0).Seconds(), metric.WithAttributes(s.attrQueue, attribute.String("result", result)))
+	s.duration.Record(ctx, took.Seconds(), metric.WithAttributes(s.attrQueue, attribute.String("result", result)))
 	switch {
 	case err == nil:
 		if failpoint.Hit(failpoint.AfterCommitBeforeDelete) {
@@ -408,8 +460,8 @@ func backoffFor(receives int, base, max time.Duration) time.Duration {
 	return min(d, max)
 }
 
-// heartbeat keeps the message invisible while its handler runs.
-func (s *Subscriber) heartbeat(ctx context.Context, receipt *string, log *slog.Logger) (stop func()) {
+// heartbeat keeps the messages invisible while their handler runs.
+func (s *Subscriber) heartbeat(ctx context.Context, receipts []*string, log *slog.Logger) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -427,7 +479,7 @@ func (s *Subscriber) heartbeat(ctx context.Context, receipt *string, log *slog.L
 					log.Warn("handler exceeded MaxExtension: no longer extending visibility; another copy may run")
 					return
 				}
-				s.setVisibility(ctx, receipt, s.cfg.Visibility, log)
+				s.extend(ctx, receipts, log)
 			}
 		}
 	})

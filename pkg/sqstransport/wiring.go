@@ -41,6 +41,19 @@ func NewQueueSubscriber(ctx context.Context, c *sqs.Client, queue string, wait t
 	return NewSubscriber(c, cfg, h)
 }
 
+// NewQueueBatchSubscriber is NewQueueSubscriber for a handler of whole
+// receives (NewBatchSubscriber).
+func NewQueueBatchSubscriber(ctx context.Context, c *sqs.Client, queue string, wait time.Duration,
+	cfg SubscriberConfig, tuning SubscriberEnv, log *slog.Logger, h BatchHandler) (*Subscriber, error) {
+	url, err := QueueURL(ctx, c, queue, wait, log)
+	if err != nil {
+		return nil, err
+	}
+	tuning.Apply(&cfg)
+	cfg.QueueURL, cfg.Logger = url, log
+	return NewBatchSubscriber(c, cfg, h)
+}
+
 // QueueCheck is a readiness check (a service.Check) that the SQS server
 // answers and knows the queue named name: a consumer or relay that cannot
 // reach its queue is not ready, even if its database is.

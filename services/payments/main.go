@@ -188,8 +188,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
+		wake := outbox.NewNotifier(pool, outbox.NotifierConfig{Logger: log})
+		srv.WakeRelays(wake)
 		srv.Routes(router)
-		tasks = append(tasks, service.Task{Name: "idempotency key cleanup", Run: keys.RunCleanup})
+		tasks = append(tasks, service.Task{Name: "idempotency key cleanup", Run: keys.RunCleanup},
+			service.Task{Name: "outbox wake-up (NOTIFY after commit)", Run: wake.Run})
 	}
 	if cfg.Role == "relay" || (cfg.Role == "all" && cfg.RelayEnabled) {
 		client, err := sqstransport.NewClient(ctx)

@@ -27,3 +27,20 @@ func Handler(in *idempotent.Inbox, key idempotent.KeyFunc) sqstransport.Handler 
 		return receive(ctx, d.Envelope)
 	}
 }
+
+// BatchHandler is Handler for a whole receive (sqstransport.
+// NewBatchSubscriber): the receive's envelopes are stored with one INSERT
+// (idempotent.Inbox.ReceiveBatch), each acked, parked or left for
+// redelivery on its own outcome, as Handler decides it for one.
+func BatchHandler(in *idempotent.Inbox, key idempotent.KeyFunc) sqstransport.BatchHandler {
+	if key == nil {
+		key = idempotent.ByAggregate
+	}
+	return func(ctx context.Context, ds []sqstransport.Delivery) []error {
+		ms := make([]idempotent.Incoming, len(ds))
+		for i, d := range ds {
+			ms[i] = idempotent.Incoming{Ctx: d.Ctx, Envelope: d.Envelope, OrderingKey: key(d.Envelope)}
+		}
+		return in.ReceiveBatch(ctx, ms)
+	}
+}

@@ -43,8 +43,13 @@ type Config struct {
 	// NOTIFICATIONS_RATE_LIMIT_PER_ADDRESS, NOTIFICATIONS_RATE_WINDOW.
 	Access       service.AccessEnv `envPrefix:"NOTIFICATIONS_"`
 	RewardsQueue string            `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
-	// Concurrency is how many rewards-events messages are received at once.
+	// Concurrency is how many receives (of up to BatchSize messages) are
+	// stored at once; with BatchSize 1, how many messages.
 	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
+	// BatchSize is how many messages one receive asks for and one INSERT
+	// stores in the inbox (idempotent.Inbox.ReceiveBatch), at most 10, SQS's
+	// limit [10; 0 means 10]. 1: one INSERT per message.
+	BatchSize int `env:"CONSUMER_BATCH_SIZE" envDefault:"10"`
 	// DedupeRetention is the inbox's dedupe window (>= SQS's 14 days + 1).
 	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
 
@@ -179,7 +184,18 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 			return nil, err
 		}
 	}
-	sub, err := sqstransport.NewQueueSubscriber(ctx, client, cfg.RewardsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, receiver(inbox))
+	if cfg.BatchSize <= 0 || cfg.BatchSize > 10 {
+		cfg.BatchSize = 10
+	}
+	if sc.MaxMessages == 0 && cfg.SubscriberEnv.MaxMessages == 0 {
+		sc.MaxMessages = cfg.BatchSize
+	}
+	var sub *sqstransport.Subscriber
+	if cfg.BatchSize > 1 {
+		sub, err = sqstransport.NewQueueBatchSubscriber(ctx, client, cfg.RewardsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, batchReceiver(inbox))
+	} else {
+		sub, err = sqstransport.NewQueueSubscriber(ctx, client, cfg.RewardsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, receiver(inbox))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -204,6 +220,32 @@ func receiver(inbox *idempotent.Inbox) sqstransport.Handler {
 			return err // permanent
 		}
 		return store(ctx, d)
+	}
+}
+
+// batchReceiver is receiver for a whole receive: the events this service
+// can notify about are stored with one INSERT; the others are refused
+// (parked), each on its own.
+func batchReceiver(inbox *idempotent.Inbox) sqstransport.BatchHandler {
+	store := inboxsqs.BatchHandler(inbox, idempotent.ByAggregate)
+	return func(ctx context.Context, ds []sqstransport.Delivery) []error {
+		errs := make([]error, len(ds))
+		ok := make([]sqstransport.Delivery, 0, len(ds))
+		var at []int
+		for i, d := range ds {
+			if _, err := intent.Build(d.Envelope); err != nil {
+				errs[i] = err // permanent
+				continue
+			}
+			ok = append(ok, d)
+			at = append(at, i)
+		}
+		if len(ok) > 0 {
+			for k, err := range store(ctx, ok) {
+				errs[at[k]] = err
+			}
+		}
+		return errs
 	}
 }
 

@@ -41,6 +41,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/pkg/httpidem"
+	"github.com/effectively-once/payments-cashback/pkg/outbox"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/payments/provider"
 	"github.com/effectively-once/payments-cashback/services/payments/store"
@@ -67,9 +68,14 @@ type Server struct {
 	gw     Gateway
 	log    *slog.Logger
 	access service.Access
+	wake   *outbox.Notifier // nil: the relays find new rows by polling
 
 	created, refunded metric.Int64Counter
 }
+
+// WakeRelays makes every commit that wrote an outbox row ask n to wake the
+// relays (outbox.Notifier). Without it they find the rows by polling.
+func (s *Server) WakeRelays(n *outbox.Notifier) { s.wake = n }
 
 // New returns the API on pool (migrated), keys and gw, open to the clients
 // of access.
@@ -158,6 +164,7 @@ func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment
 		return a.Save(ctx, tx, http.StatusCreated, p)
 	})
 	if err == nil {
+		s.wake.Notify()
 		s.created.Add(ctx, 1)
 		s.log.Info("payment succeeded", "payment_id", a.ResourceID, "provider_ref", intentID, "attempt", a.Number)
 	}
@@ -227,6 +234,7 @@ func (s *Server) refundPayment(ctx context.Context, a *httpidem.Attempt, client,
 		return a.Save(ctx, s.pool, http.StatusConflict, alreadyRefunded)
 	}
 	if err == nil {
+		s.wake.Notify()
 		s.refunded.Add(ctx, 1)
 		s.log.Info("payment refunded", "payment_id", p.ID, "provider_refund_ref", refundID, "attempt", a.Number)
 	}

@@ -44,8 +44,14 @@ type Config struct {
 	RateMinLead   time.Duration `env:"REWARDS_RATE_MIN_LEAD" envDefault:"1m"`
 	PaymentsQueue string        `env:"PAYMENTS_QUEUE" envDefault:"payments-events"`
 	RewardsQueue  string        `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
-	// Concurrency is how many payment events are handled at once.
+	// Concurrency is how many receives (batches of up to BatchSize
+	// events) are handled at once; with BatchSize 1, how many events.
 	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
+	// BatchSize is how many events one receive asks for and one
+	// transaction applies (idempotent.Consumer.HandleBatch, falling back to
+	// one transaction per event when anything in the batch fails), at most
+	// 10, SQS's limit [10; 0 means 10]. 1: one transaction per event.
+	BatchSize int `env:"CONSUMER_BATCH_SIZE" envDefault:"10"`
 	// DedupeRetention is the dedupe window: it must outlast SQS's 14-day
 	// maximum retention by a day, so the service refuses to start below 360h.
 	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
@@ -76,6 +82,7 @@ type App struct {
 	pool       *pgxpool.Pool
 	subscriber *sqstransport.Subscriber
 	relay      *outbox.Relay
+	wake       *outbox.Notifier
 	maintainer *idempotent.Maintainer
 	addr       string
 	http       service.HTTPTimeouts
@@ -151,6 +158,8 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	if err != nil {
 		return nil, err
 	}
+	wake := outbox.NewNotifier(pool, outbox.NotifierConfig{Logger: log})
+	proc.WakeRelays(wake)
 
 	rewardsURL, err := sqstransport.QueueURL(ctx, client, cfg.RewardsQueue, cfg.QueueWait, log)
 	if err != nil {
@@ -163,7 +172,18 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 			return nil, err
 		}
 	}
-	sub, err := sqstransport.NewQueueSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleDelivery)
+	var sub *sqstransport.Subscriber
+	if cfg.BatchSize <= 0 || cfg.BatchSize > 10 {
+		cfg.BatchSize = 10
+	}
+	if sc.MaxMessages == 0 && cfg.SubscriberEnv.MaxMessages == 0 {
+		sc.MaxMessages = cfg.BatchSize
+	}
+	if cfg.BatchSize > 1 {
+		sub, err = sqstransport.NewQueueBatchSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleBatchDeliveries)
+	} else {
+		sub, err = sqstransport.NewQueueSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleDelivery)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +199,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		"sqs " + cfg.PaymentsQueue: sqstransport.QueueCheck(client, cfg.PaymentsQueue),
 		"sqs " + cfg.RewardsQueue:  sqstransport.QueueCheck(client, cfg.RewardsQueue)})
 	srv.Routes(r)
-	return &App{Processor: proc, Fail: cfg.Fail, Router: r, pool: pool, subscriber: sub, relay: relay,
+	return &App{Processor: proc, Fail: cfg.Fail, Router: r, pool: pool, subscriber: sub, relay: relay, wake: wake,
 		maintainer: maint, addr: addr, http: cfg.HTTP(), log: log}, nil
 }
 
@@ -189,6 +209,7 @@ func (a *App) Tasks() []service.Task {
 		service.HTTPTask(a.addr, a.Router, a.log, a.http),
 		{Name: "subscriber payments-events", Run: a.subscriber.Run},
 		{Name: "outbox relay rewards-events", Run: a.relay.Run},
+		{Name: "outbox wake-up (NOTIFY after commit)", Run: a.wake.Run},
 		{Name: "dedupe retention maintenance", Run: a.maintainer.Run},
 	}
 }

@@ -38,6 +38,7 @@ type stack struct {
 	payments, paysDLQ  string // queue URLs
 	rewards, rewardDLQ string
 	logs               *testenv.Buffer
+	log                *slog.Logger
 	http               *httptest.Server
 }
 
@@ -87,21 +88,35 @@ func start(t *testing.T, o options) *stack {
 	t.Cleanup(a.Close)
 	s.http = httptest.NewServer(a.Router)
 	t.Cleanup(s.http.Close)
+	s.log = log
 	if !o.noWorkers {
-		ctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- service.Run(ctx, log, 0, a.Workers()...) }()
+		s.runWorkers()
+	} else {
 		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("workers: %v", err)
-			}
 			if t.Failed() {
 				t.Logf("service logs:\n%s", s.logs.String())
 			}
 		})
 	}
 	return s
+}
+
+// runWorkers starts the service's workers (subscriber, relay, ...) until
+// the test ends.
+func (s *stack) runWorkers() {
+	t := s.t
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- service.Run(ctx, s.log, 0, s.app.Workers()...) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("workers: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("service logs:\n%s", s.logs.String())
+		}
+	})
 }
 
 func name(url string) string { return url[strings.LastIndex(url, "/")+1:] }
@@ -554,5 +569,121 @@ func TestConfigFromEnvironment(t *testing.T) {
 	t.Setenv("REWARDS_DATABASE_URL", "")
 	if _, err := service.LoadConfig[app.Config](); err == nil || !strings.Contains(err.Error(), "REWARDS_DATABASE_URL") {
 		t.Errorf("missing REWARDS_DATABASE_URL: %v", err)
+	}
+}
+
+// sendBatch puts es on the payments queue in one SendMessageBatch, so that
+// one receive brings them all.
+func (s *stack) sendBatch(es []events.Envelope) {
+	s.t.Helper()
+	entries := make([]types.SendMessageBatchRequestEntry, len(es))
+	for i, e := range es {
+		body, err := e.Marshal()
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(fmt.Sprint(i)), MessageBody: aws.String(string(body))}
+	}
+	out, err := s.sqs.SendMessageBatch(context.Background(), &sqs.SendMessageBatchInput{QueueUrl: aws.String(s.payments), Entries: entries})
+	if err != nil || len(out.Failed) > 0 {
+		s.t.Fatalf("SendMessageBatch: %v, %d failed", err, len(out.Failed))
+	}
+}
+
+// Batch consumption keeps the per-message guarantee: in one receive of 10,
+// a poison message (a PaymentSucceeded contradicting the payment's refund,
+// refused permanently by its effect, after the others' effects ran in the
+// same transaction) does not take its neighbours down: the other 9 are
+// credited exactly once, the poison is parked in the DLQ with its reason,
+// and nothing of it is committed.
+func TestBatchWithOnePoisonCreditsTheOtherNineOnceAndParksThePoison(t *testing.T) {
+	s := start(t, options{noWorkers: true})
+	ctx := context.Background()
+	if err := s.app.Processor.Handle(ctx, refunded(t, "pay_poison", user, 120000, 2)); err != nil {
+		t.Fatal(err)
+	}
+	var es []events.Envelope
+	for i := range 9 {
+		es = append(es, paid(t, fmt.Sprintf("pay_b%d", i), fmt.Sprintf("u_b%d", i), 120000, 1))
+	}
+	poison := paid(t, "pay_poison", user, 120000, 3)
+	es = append(es[:4], append([]events.Envelope{poison}, es[4:]...)...)
+	s.sendBatch(es)
+	s.runWorkers()
+	msgs := s.receiveAll(s.paysDLQ, 1, 20*time.Second)
+	if len(msgs) != 1 {
+		t.Fatalf("DLQ holds %d messages, want the poison one", len(msgs))
+	}
+	if got, _ := events.Decode([]byte(aws.ToString(msgs[0].Body))); got.EventID != poison.EventID {
+		t.Errorf("DLQ holds event %s, want the poison %s", got.EventID, poison.EventID)
+	}
+	if r := aws.ToString(msgs[0].MessageAttributes["park_reason"].StringValue); !strings.Contains(r, "contradictory history") {
+		t.Errorf("park reason = %q", r)
+	}
+	eventually(t, 20*time.Second, "the other nine credited and acked", func() bool {
+		return s.count(`SELECT count(*) FROM cashback_credits`) == 9 && s.queueEmpty(s.payments)
+	})
+	if n := s.count(`SELECT count(*) FROM cashback_credits WHERE payment_id = 'pay_poison'`); n != 0 {
+		t.Errorf("the poison payment has %d credits", n)
+	}
+	if n := s.count(`SELECT count(*) FROM processed_messages WHERE message_id = $1`, poison.EventID); n != 0 {
+		t.Errorf("the poison's dedupe key was committed")
+	}
+	if n := s.count(`SELECT count(*) FROM outbox WHERE event_type = 'CashbackCredited'`); n != 9 {
+		t.Errorf("CashbackCredited rows = %d, want 9", n)
+	}
+	if n := s.count(`SELECT count(DISTINCT payment_id) FROM cashback_credits`); n != 9 {
+		t.Errorf("distinct credited payments = %d, want 9 (each once)", n)
+	}
+}
+
+// A crash in the middle of a batch leaves nothing half-applied: the
+// batch's transaction holds the first effects' writes when the work is cut
+// (its context cancelled while the 6th event's effect runs, as a process
+// dying would cut its connection); then no credit, dedupe key, wallet move
+// or outbox row of any of the 10 is committed, every message is left for
+// redelivery (a transient error), and the redelivered batch credits each
+// exactly once.
+func TestCrashMidBatchLeavesNothingHalfApplied(t *testing.T) {
+	s := start(t, options{noWorkers: true})
+	var ds []sqstransport.Delivery
+	for i := range 10 {
+		ds = append(ds, sqstransport.Delivery{Envelope: paid(t, fmt.Sprintf("pay_c%d", i), user, 120000, 1)})
+	}
+	if err := s.app.Fail.SetSlow(ds[5].Envelope.EventID.String() + "@1500ms"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, crash := context.WithCancel(context.Background())
+	go func() {
+		// Crash once the batch is inside the 6th effect: 5 credits written, none committed.
+		eventually(t, 10*time.Second, "the batch holding 5 credits", func() bool {
+			return s.count(`SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+				WHERE c.relname = 'cashback_credits' AND l.mode = 'RowExclusiveLock'`) > 0
+		})
+		time.Sleep(300 * time.Millisecond)
+		crash()
+	}()
+	errs := s.app.Processor.HandleBatchDeliveries(ctx, ds)
+	for i, err := range errs {
+		if err == nil || sqstransport.IsPermanent(err) {
+			t.Errorf("message %d: %v, want a transient error (left for redelivery)", i, err)
+		}
+	}
+	for _, table := range []string{"cashback_credits", "processed_messages", "wallets", "outbox", "payment_versions"} {
+		if n := s.count(`SELECT count(*) FROM ` + table); n != 0 {
+			t.Errorf("%s: %d rows committed by a batch that crashed", table, n)
+		}
+	}
+	_ = s.app.Fail.SetSlow("")
+	for i, err := range s.app.Processor.HandleBatchDeliveries(context.Background(), ds) {
+		if err != nil {
+			t.Errorf("redelivered message %d: %v", i, err)
+		}
+	}
+	if n := s.count(`SELECT count(DISTINCT payment_id) FROM cashback_credits`); n != 10 {
+		t.Errorf("credited payments = %d, want 10", n)
+	}
+	if w := s.wallet(user); w.BalancePaise != 10*2400 {
+		t.Errorf("balance = %d, want %d (each credit once)", w.BalancePaise, 10*2400)
 	}
 }

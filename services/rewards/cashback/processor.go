@@ -52,6 +52,7 @@ const (
 // sqstransport.Handler of the payments-events subscriber.
 type Processor struct {
 	consumer *idempotent.Consumer
+	wake     *outbox.Notifier // nil: the relays find new rows by polling
 	fail     Injector
 	log      *slog.Logger
 	results  metric.Int64Counter
@@ -77,6 +78,10 @@ func NewProcessor(consumer *idempotent.Consumer, fail Injector, log *slog.Logger
 	return &Processor{consumer: consumer, fail: fail, log: log, results: c}, nil
 }
 
+// WakeRelays makes every commit that wrote an outbox row (a credit, a
+// reversal) ask n to wake the relays.
+func (p *Processor) WakeRelays(n *outbox.Notifier) { p.wake = n }
+
 // HandleDelivery is the subscriber's handler: nil means committed (now or
 // before), so the message may be deleted.
 func (p *Processor) HandleDelivery(ctx context.Context, d sqstransport.Delivery) error {
@@ -89,33 +94,96 @@ func (p *Processor) HandleDelivery(ctx context.Context, d sqstransport.Delivery)
 // window, a contradiction in the payment's history) or a transient one
 // (rolled back; the redelivery tries again).
 func (p *Processor) Handle(ctx context.Context, e events.Envelope) error {
+	eff, err := p.effect(ctx, e)
+	if err != nil {
+		return err
+	}
+	out, err := p.consumer.Handle(ctx, idempotent.MessageOf(e), eff.run)
+	return p.finish(ctx, eff, out, err)
+}
+
+// HandleBatchDeliveries is the batch subscriber's handler: the events of
+// one receive applied in one transaction (idempotent.Consumer.HandleBatch),
+// each falling back to its own transaction if anything in the batch fails.
+// The errors mean what Handle's do, one per delivery.
+func (p *Processor) HandleBatchDeliveries(ctx context.Context, ds []sqstransport.Delivery) []error {
+	errs := make([]error, len(ds))
+	effs := make([]*effect, len(ds))
+	items := make([]idempotent.Item, 0, len(ds))
+	var at []int // index in ds of each item
+	for i, d := range ds {
+		dctx := d.Ctx
+		if dctx == nil {
+			dctx = ctx
+		}
+		eff, err := p.effect(dctx, d.Envelope)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		effs[i] = eff
+		items = append(items, idempotent.Item{Msg: idempotent.MessageOf(d.Envelope), Effect: eff.run, Ctx: dctx})
+		at = append(at, i)
+	}
+	if len(items) == 0 {
+		return errs
+	}
+	outs, ierrs := p.consumer.HandleBatch(ctx, items)
+	for k, i := range at {
+		errs[i] = p.finish(items[k].Ctx, effs[i], outs[k], ierrs[k])
+	}
+	return errs
+}
+
+// effect is one event's decoded effect and, once it ran, what it did.
+type effect struct {
+	p     *Processor
+	e     events.Envelope
+	apply apply
+	res   Result
+}
+
+// effect decodes e and picks its effect; the error is permanent.
+func (p *Processor) effect(ctx context.Context, e events.Envelope) (*effect, error) {
 	apply, err := p.effectFor(e)
 	if err != nil {
 		p.log.ErrorContext(ctx, "payment event refused", "event_id", e.EventID, "event_type", e.EventType, "error", err)
-		return sqstransport.Permanent(err)
+		return nil, sqstransport.Permanent(err)
 	}
-	var res Result
-	out, err := p.consumer.Handle(ctx, idempotent.MessageOf(e), func(ctx context.Context, tx pgx.Tx) error {
-		r, err := apply(ctx, tx)
-		if err != nil {
+	return &effect{p: p, e: e, apply: apply}, nil
+}
+
+// run is the idempotent.Effect. It may run more than once (a batch that
+// fell back, a retried serialization failure); res is the last run's.
+func (f *effect) run(ctx context.Context, tx pgx.Tx) error {
+	r, err := f.apply(ctx, tx)
+	if err != nil {
+		return err
+	}
+	// The test hook fails after every write of the effect, so an
+	// injected failure also proves that a failed attempt commits nothing.
+	if f.p.fail != nil {
+		if err := f.p.fail.Check(f.e.EventID); err != nil {
 			return err
 		}
-		// The test hook fails after every write of the effect, so an
-		// injected failure also proves that a failed attempt commits nothing.
-		if p.fail != nil {
-			if err := p.fail.Check(e.EventID); err != nil {
-				return err
-			}
-		}
-		res = r
-		return nil
-	})
+	}
+	f.res = r
+	return nil
+}
+
+// finish logs and counts what the consumer decided for f's event and
+// returns the subscriber's verdict.
+func (p *Processor) finish(ctx context.Context, f *effect, out idempotent.Outcome, err error) error {
+	e, res := f.e, f.res
 	if !out.Done() {
 		return err // permanent ones (conflict, expired, contradiction) are parked by the subscriber
 	}
 	if out == idempotent.Duplicate {
 		p.log.InfoContext(ctx, "duplicate copy acked: already applied", "event_id", e.EventID, "event_type", e.EventType)
 		return nil
+	}
+	if res == Credited || res == Reversed {
+		p.wake.Notify()
 	}
 	p.results.Add(ctx, 1, metric.WithAttributes(attribute.String("event_type", e.EventType), attribute.String("result", string(res))))
 	log := p.log.With("event_id", e.EventID, "event_type", e.EventType, "payment_id", e.AggregateID,

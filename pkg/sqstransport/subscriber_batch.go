@@ -1,0 +1,163 @@
+package sqstransport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// BatchHandler processes the decodable messages of one receive together
+// and returns one error per delivery, in the same order, each with the
+// meaning a Handler's error has for its message: nil once its effect is
+// committed (the message is deleted), a permanent error (parked in the
+// DLQ), any other (left for redelivery after its backoff). Returning fewer
+// errors than deliveries is a bug; the missing ones are treated as
+// transient failures, so nothing is deleted that was not vouched for.
+//
+// Each Delivery's Ctx carries that message's own trace span (a child of
+// the traceparent it arrived with): work done for one message belongs in
+// its Ctx, so that its trace continues through whatever it produces.
+type BatchHandler func(ctx context.Context, ds []Delivery) []error
+
+// NewBatchSubscriber returns a Subscriber that hands each receive (up to
+// MaxMessages, always asked for in full) to handler at once, so a handler
+// can apply a receive's messages in one database transaction. Concurrency
+// counts receives being handled at once. Undecodable messages are parked
+// before the handler sees the rest; the delivery contract per message is
+// the same as NewSubscriber's.
+func NewBatchSubscriber(client *sqs.Client, cfg SubscriberConfig, handler BatchHandler) (*Subscriber, error) {
+	s, err := NewSubscriber(client, cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	s.batch = handler
+	return s, nil
+}
+
+// processBatch decodes a receive's messages, runs the batch handler over
+// the decodable ones with their visibility extended meanwhile, and settles
+// each message on its own error.
+func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
+	type item struct {
+		m    types.Message
+		span trace.Span
+		log  *slog.Logger
+	}
+	items := make([]item, 0, len(msgs))
+	ds := make([]Delivery, 0, len(msgs))
+	receipts := make([]*string, 0, len(msgs))
+	for _, m := range msgs {
+		d, log, ok := s.decode(ctx, m)
+		if !ok {
+			continue
+		}
+		var span trace.Span
+		d.Ctx, span = s.startSpan(ctx, d)
+		items = append(items, item{m: m, span: span, log: log})
+		ds = append(ds, d)
+		receipts = append(receipts, m.ReceiptHandle)
+	}
+	if len(ds) == 0 {
+		return
+	}
+	stopHeartbeat := s.heartbeat(ctx, receipts, s.log)
+	t0 := time.Now()
+	// One deadline for the receive, as for a single message: the batch's
+	// transaction must end before the messages' visibility does.
+	panicked, timedOut, errs := s.handleBatch(ctx, ds)
+	stopHeartbeat()
+	took := time.Since(t0) / time.Duration(len(ds))
+	for i, it := range items {
+		var err error
+		if i < len(errs) {
+			err = errs[i]
+		} else {
+			err = fmt.Errorf("sqstransport: batch handler returned %d results for %d messages", len(errs), len(ds))
+		}
+		s.settle(ds[i].Ctx, it.span, it.m, ds[i], verdict{err: err, timedOut: timedOut && err != nil, panicked: panicked}, took, it.log)
+		it.span.End()
+	}
+}
+
+// handleBatch is handle for a receive: the batch handler within
+// HandlerTimeout, panics recovered, and, while a failure is an outage the
+// Gate confirms, the receive held (the heartbeat keeps it invisible) and
+// handed over again once the gate reopens, so an outage costs no message
+// a delivery. It gives up, returning the last attempt's results, when the
+// drain starts or MaxExtension has passed.
+func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (panicked, timedOut bool, errs []error) {
+	deadline := time.Now().Add(s.cfg.MaxExtension)
+	for {
+		hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
+		panicked, errs = s.callBatch(hctx, ds)
+		timedOut = errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+		cancel()
+		var suspect error
+		for _, err := range errs {
+			if err != nil && !IsPermanent(err) {
+				suspect = err
+				break
+			}
+		}
+		if suspect == nil || panicked || !s.cfg.Gate.Suspect(ctx, suspect) {
+			return panicked, timedOut, errs
+		}
+		s.log.Warn("dependency unavailable: holding the receive until it answers", "error", suspect, "messages", len(ds))
+		wctx, cancelWait := context.WithDeadline(ctx, deadline)
+		stop := context.AfterFunc(s.stopping, cancelWait)
+		werr := s.cfg.Gate.Wait(wctx)
+		stop()
+		cancelWait()
+		if werr != nil {
+			return panicked, timedOut, errs
+		}
+	}
+}
+
+// callBatch runs the batch handler and turns a panic into the same error
+// for every delivery (panicked set), logged with its stack.
+func (s *Subscriber) callBatch(ctx context.Context, ds []Delivery) (panicked bool, errs []error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err := fmt.Errorf("%v", v)
+			s.log.Error("batch handler panicked: its messages fail like a handler error", "panic", err, "messages", len(ds), "stack", string(debug.Stack()))
+			panicked, errs = true, make([]error, len(ds))
+			for i := range errs {
+				errs[i] = err
+			}
+		}
+	}()
+	return false, s.batch(ctx, ds)
+}
+
+// extend renews the visibility of receipts, ten per call.
+func (s *Subscriber) extend(ctx context.Context, receipts []*string, log *slog.Logger) {
+	if len(receipts) == 1 {
+		s.setVisibility(ctx, receipts[0], s.cfg.Visibility, log)
+		return
+	}
+	for i := 0; i < len(receipts); i += 10 {
+		chunk := receipts[i:min(i+10, len(receipts))]
+		entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(chunk))
+		for j, r := range chunk {
+			entries[j] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(j)), ReceiptHandle: r,
+				VisibilityTimeout: int32(s.cfg.Visibility / time.Second)}
+		}
+		out, err := s.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: &s.cfg.QueueURL, Entries: entries})
+		switch {
+		case err != nil:
+			log.Warn("change visibility failed", "error", err, "count", len(chunk))
+		case len(out.Failed) > 0:
+			log.Warn("change visibility failed for some messages", "failed", len(out.Failed))
+		}
+	}
+}
