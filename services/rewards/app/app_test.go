@@ -645,7 +645,7 @@ func TestBatchWithOnePoisonCreditsTheOtherNineOnceAndParksThePoison(t *testing.T
 // redelivery (a transient error), and the redelivered batch credits each
 // exactly once.
 func TestCrashMidBatchLeavesNothingHalfApplied(t *testing.T) {
-	s := start(t, options{noWorkers: true})
+	s := start(t, options{noWorkers: true, cfg: func(c *app.Config) { c.Fail = failHook(t, "") }})
 	var ds []sqstransport.Delivery
 	for i := range 10 {
 		ds = append(ds, sqstransport.Delivery{Envelope: paid(t, fmt.Sprintf("pay_c%d", i), user, 120000, 1)})
