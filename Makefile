@@ -46,10 +46,7 @@ test: deps
 FUZZTIME    ?= 8s
 FUZZ_TARGETS = ./pkg/events:FuzzDecode ./services/rewards/cashback:FuzzDecodePayment ./services/notifications/intent:FuzzBuild
 fuzz:
-	@set -e; for t in $(FUZZ_TARGETS); do \
-		echo "fuzz: $${t#*:} in $${t%%:*} for $(FUZZTIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s "$${t%%:*}"; \
-	done
+	@GO='$(GO)' FUZZTIME='$(FUZZTIME)' scripts/fuzz.sh $(FUZZ_TARGETS)
 
 ## e2e: the duplicate / redrive / race / crash suite (e2e/), black-box against
 ## the four services it builds and starts on the local stack, stopped again
