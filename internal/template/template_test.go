@@ -37,8 +37,8 @@ func run(t *testing.T, dir string, env []string, name string, args ...string) st
 }
 
 // proxy writes a GOPROXY=file:// module proxy holding the work tree (the
-// files git tracks, and the untracked ones it does not ignore) as module
-// version version, the layout `go mod download` reads.
+// files git tracks, and the untracked ones it does not ignore, less nested
+// modules) as module version version, the layout `go mod download` reads.
 func proxy(t *testing.T, module, version string) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "proxy")
@@ -47,9 +47,29 @@ func proxy(t *testing.T, module, version string) string {
 		t.Fatal(err)
 	}
 	list := run(t, repoRoot, nil, "git", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+	files := strings.Split(strings.TrimRight(list, "\x00"), "\x00")
+	// A directory with a go.mod of its own (bench/peers) is another module:
+	// a module's zip leaves it out, as the go command does.
+	var nested []string
+	for _, f := range files {
+		if strings.HasSuffix(f, "/go.mod") {
+			nested = append(nested, strings.TrimSuffix(f, "go.mod"))
+		}
+	}
+	inNested := func(f string) bool {
+		for _, dir := range nested {
+			if strings.HasPrefix(f, dir) {
+				return true
+			}
+		}
+		return false
+	}
 	var buf bytes.Buffer
 	zw := zip.NewWriter(&buf)
-	for _, f := range strings.Split(strings.TrimRight(list, "\x00"), "\x00") {
+	for _, f := range files {
+		if inNested(f) {
+			continue
+		}
 		b, err := os.ReadFile(filepath.Join(repoRoot, f))
 		if os.IsNotExist(err) {
 			continue // deleted in the work tree, not yet in the index
