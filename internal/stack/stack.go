@@ -44,6 +44,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/effectively-once/payments-cashback/internal/ports"
 	"github.com/effectively-once/payments-cashback/internal/sysproc"
 )
 
@@ -727,12 +728,11 @@ func (l *Local) environ(p *proc, extra []string) ([]string, int, error) {
 }
 
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := ports.Free()
 	if err != nil {
 		return 0, fmt.Errorf("stack: find a free port: %w", err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return p, nil
 }
 
 // checkPort fails with a *PortInUseError if something listens on port.

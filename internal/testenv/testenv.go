@@ -59,6 +59,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/effectively-once/payments-cashback/internal/ports"
 	"github.com/effectively-once/payments-cashback/internal/sysproc"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 )
@@ -741,14 +742,7 @@ func readStackEnv(path string) map[string]string {
 	return env
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return ports.Free() }
 
 func randomHex(n int) string {
 	b := make([]byte, n)
