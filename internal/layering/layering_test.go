@@ -22,7 +22,8 @@ var module = func() string {
 // compiles).
 var forbidden = map[string][]string{
 	// The leaf every layer shares: the standard library only.
-	"pkg/errs": {"github.com/", "golang.org/", "go.opentelemetry.io/"},
+	"pkg/errs":  {"github.com/", "golang.org/", "go.opentelemetry.io/"},
+	"pkg/retry": {"github.com/", "golang.org/", "go.opentelemetry.io/"},
 	// Process plumbing: no transport, no outbox.
 	"pkg/service": {"github.com/aws/", module + "/pkg/sqstransport", module + "/pkg/outbox", module + "/pkg/idempotent", module + "/services/"},
 	// PostgreSQL-only packages build without the AWS SDK.

@@ -48,6 +48,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/retry"
 )
 
 // Message is what a Consumer needs to know about a delivery: its key, a hash
@@ -204,9 +205,7 @@ func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outc
 // retry runs attempt again after serialization failures and deadlocks,
 // with jittered exponential backoff; any other error is final.
 func (c *Consumer) retry(ctx context.Context, attempt func() (Outcome, error)) (Outcome, error) {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = 5 * time.Millisecond
-	b.MaxInterval = 200 * time.Millisecond
+	b := retry.Policy{Base: 5 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: 0.5}.BackOff()
 	out, err := backoff.Retry(ctx, func() (Outcome, error) {
 		out, err := attempt()
 		if err != nil && !retryable(err) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/retry"
 )
 
 // ProcessFunc applies one stored event. Like an Effect it must do its work
@@ -50,9 +52,9 @@ type ProcessorConfig struct {
 	PollInterval time.Duration
 	// MaxAttempts is how many attempts a row gets before it is FAILED [10].
 	MaxAttempts int
-	// RetryBase and RetryMax shape the backoff [1s, 10m]: after attempt n
-	// the row waits a uniform draw from [d/2, d], d = min(RetryMax,
-	// RetryBase*2^(n-1)).
+	// RetryBase and RetryMax shape the backoff [retry.BaseDefault, 10m]:
+	// after attempt n the row waits the retry package's schedule,
+	// min(RetryMax, RetryBase*2^(n-1)) jittered by ±25%.
 	RetryBase, RetryMax time.Duration
 	// ClaimHold is the least time a claimed row stays out of other claims
 	// [5s]: the claim pushes next_attempt_at forward by the larger of
@@ -104,7 +106,7 @@ func (c *ProcessorConfig) defaults(in *Inbox) {
 		c.MaxAttempts = 10
 	}
 	def(&c.PollInterval, 500*time.Millisecond)
-	def(&c.RetryBase, time.Second)
+	def(&c.RetryBase, retry.BaseDefault)
 	def(&c.RetryMax, 10*time.Minute)
 	def(&c.ShutdownGrace, 30*time.Second)
 	def(&c.ClaimHold, 5*time.Second)
@@ -375,12 +377,10 @@ const walkSQL = `%[1]s AS (
 	  ORDER BY i.ordering_key, i.aggregate_version, i.occurred_at, i.message_id
 	  LIMIT 1) n)`
 
-// backoffSQL is now() plus the jittered backoff after attempt %s: a uniform
-// draw from [d/2, d], d = min(RetryMax, RetryBase*2^(n-1)), in float8
-// seconds with the exponent capped (interval arithmetic would overflow).
-const backoffSQL = `clock_timestamp() + make_interval(secs =>
-	least(@retry_max::float8, @retry_base::float8 * power(2::float8, least(greatest(%s - 1, 0), 60)))
-	* (0.5 + random() / 2))`
+// backoffSQL is now() plus the back-off after attempt %s: the retry
+// package's schedule (min(RetryMax, RetryBase*2^(n-1)), jittered ±25%).
+var backoffSQL = `clock_timestamp() + make_interval(secs => ` +
+	retry.SQL("%s", "@retry_base", "@retry_max", strconv.FormatFloat(retry.JitterDefault, 'f', -1, 64)) + `)`
 
 // keyLockSQL is the advisory lock key of the ordering key in the column
 // ordering_key: a 64-bit hash seeded by the consumer, so that two

@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/effectively-once/payments-cashback/pkg/retry"
 )
 
 // Probe asks a dependency whether it answers (pgxpool.Pool.Ping, a
@@ -27,7 +28,8 @@ type GateConfig struct {
 	// ProbeTimeout bounds one probe [2s].
 	ProbeTimeout time.Duration
 	// ProbeBase and ProbeMax space the probes of a closed gate:
-	// min(ProbeMax, ProbeBase*2^n), jittered [250ms, 5s]. ProbeMax is also
+	// min(ProbeMax, ProbeBase*2^n), jittered ±25% (the retry package's
+	// schedule) [250ms, 5s]. ProbeMax is also
 	// the longest an outage goes unnoticed once it is over.
 	ProbeBase, ProbeMax time.Duration
 	Logger              *slog.Logger
@@ -194,9 +196,7 @@ func (g *Gate) finishProbe(err error) {
 		return
 	}
 	g.lastErr = err
-	d := g.cfg.ProbeBase << min(g.failures, 20)
-	d = min(d, g.cfg.ProbeMax)
-	d = time.Duration(float64(d) * (0.75 + rand.Float64()/2))
+	d := retry.Policy{Base: g.cfg.ProbeBase, Max: g.cfg.ProbeMax, Jitter: retry.JitterDefault}.Delay(g.failures + 1)
 	g.failures++
 	g.nextProbe = time.Now().Add(d)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/pkg/internal/snapshot"
 	"github.com/effectively-once/payments-cashback/pkg/outage"
+	"github.com/effectively-once/payments-cashback/pkg/retry"
 )
 
 // Message is one outbox row ready for the wire.
@@ -62,7 +63,9 @@ type RelayConfig struct {
 	// on a context of their own, so a slow publish cannot starve them.
 	MarkTimeout time.Duration
 	// RetryBase and RetryMax bound the per-row backoff after a failed send
-	// [1s, 5m]: next_attempt_at = now + min(RetryMax, RetryBase*2^(attempts-1)), jittered.
+	// [retry.BaseDefault, retry.MaxDefault]: next_attempt_at = now +
+	// min(RetryMax, RetryBase*2^(attempts-1)) jittered by ±25%, the retry
+	// package's schedule.
 	RetryBase, RetryMax time.Duration
 	// DisableListen turns off LISTEN/NOTIFY (for PgBouncer in transaction
 	// mode, where a session's LISTEN does not survive); polling alone then
@@ -96,8 +99,8 @@ func (c *RelayConfig) defaults() {
 	def(&c.Lease, 30*time.Second)
 	def(&c.PublishTimeout, c.Lease/2)
 	def(&c.MarkTimeout, 5*time.Second)
-	def(&c.RetryBase, time.Second)
-	def(&c.RetryMax, 5*time.Minute)
+	def(&c.RetryBase, retry.BaseDefault)
+	def(&c.RetryMax, retry.MaxDefault)
 	def(&c.KeepPublished, 24*time.Hour)
 	def(&c.CleanupInterval, time.Minute)
 	def(&c.MetricsCacheTTL, 5*time.Second)
@@ -399,17 +402,11 @@ func (r *Relay) reschedule(ctx context.Context, failed map[uuid.UUID]error) erro
 		reasons = append(reasons, err.Error())
 		r.log.Warn("outbox publish failed: rescheduled", "event_id", id, "error", err)
 	}
-	// The backoff is computed in float8 seconds with the exponent capped:
-	// interval arithmetic overflows ("interval out of range") once
-	// RetryBase*2^(attempts-1) passes ~292,000 years, which with a 1s base
-	// is attempt 45, i.e. after a few hours of a persistent failure.
 	_, err := r.pool.Exec(ctx, `
 		UPDATE outbox o SET claimed_until = NULL, last_error = f.reason,
-		       next_attempt_at = now() + make_interval(secs =>
-		           least($3::float8, $4::float8 * power(2::float8, least(greatest(o.attempts - 1, 0), 60)))
-		           * (0.75 + random() / 2))
+		       next_attempt_at = now() + make_interval(secs => `+retry.SQL("o.attempts", "$4", "$3", "$5")+`)
 		FROM unnest($1::uuid[], $2::text[]) AS f(id, reason)
-		WHERE o.id = f.id AND o.published_at IS NULL`, ids, reasons, r.cfg.RetryMax.Seconds(), r.cfg.RetryBase.Seconds())
+		WHERE o.id = f.id AND o.published_at IS NULL`, ids, reasons, r.cfg.RetryMax.Seconds(), r.cfg.RetryBase.Seconds(), retry.JitterDefault)
 	if err != nil {
 		return fmt.Errorf("outbox: reschedule failed rows: %w", err)
 	}

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -17,7 +18,9 @@ type Deps struct {
 	Log     *slog.Logger
 }
 
-// App is a wired service: the tasks to run, and what to release after.
+// App is a wired service: the tasks to run, and what to release after. An
+// App with no tasks (a one-shot role such as migrate) ends the process
+// with status 0 once built.
 type App interface {
 	Tasks() []Task
 	Close()
@@ -28,39 +31,75 @@ type App interface {
 // loaded with everything else.
 type Configured interface{ ProcessConfig() Process }
 
+// Completer is an optional method of a config struct's pointer: Load
+// calls Complete with the command line's arguments after the environment
+// is read, for a service that takes arguments (a role) or checks its
+// settings against each other. An error there is a configuration error.
+type Completer interface{ Complete(args []string) error }
+
+// DatabaseWaiter is an optional method of a config struct: how long Serve
+// waits for the database to come up [DefaultDatabaseWait].
+type DatabaseWaiter interface{ DatabaseWait() time.Duration }
+
+// DefaultDatabaseWait is how long Serve waits for the database to come up
+// when the config does not say.
+const DefaultDatabaseWait = time.Minute
+
+// Load reads the config C from the environment, then, when *C is a
+// Completer, completes it with args.
+func Load[C Configured](args []string) (C, error) {
+	cfg, err := LoadConfig[C]()
+	if err != nil {
+		return cfg, err
+	}
+	if c, ok := any(&cfg).(Completer); ok {
+		if err := c.Complete(args); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
 // Main is the whole main function of a service that has one database: it
-// loads the config C from the environment, sets up logs and telemetry,
-// opens the database (waiting up to a minute for it), builds the app (which
-// opens its own transports, such as an SQS client) and runs its tasks until
-// SIGTERM. Any start-up
-// error is logged and exits with status 1.
+// loads the config C (Load, with the process's arguments) and Serves it.
+// Any error is logged and exits with status 1.
 func Main[C Configured](name string, databaseURL func(C) string, build func(context.Context, C, Deps) (App, error)) {
 	log := NewLogger(name)
-	cfg, err := LoadConfig[C]()
+	cfg, err := Load[C](os.Args[1:])
 	if err != nil {
 		Fatal(log, "bad configuration", err)
 	}
+	if err := Serve(context.Background(), name, cfg, log, databaseURL, build); err != nil {
+		Fatal(log, "stopped", err)
+	}
+}
+
+// Serve logs the config's summary, sets up telemetry, opens the database
+// (waiting for it as DatabaseWaiter says), builds the app (which opens its
+// own transports, such as an SQS client) and runs its tasks until SIGTERM
+// or ctx's end. It is Main without the loading and the exit, for tests that
+// run a whole service in their process.
+func Serve[C Configured](ctx context.Context, name string, cfg C, log *slog.Logger, databaseURL func(C) string, build func(context.Context, C, Deps) (App, error)) error {
 	LogConfig(log, cfg)
 	tel, err := SetupTelemetry(name)
 	if err != nil {
-		Fatal(log, "telemetry", err)
+		return fmt.Errorf("telemetry: %w", err)
 	}
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }()
 	log.Info("telemetry", "trace_exporter", tel.Exporter)
-	ctx := context.Background()
-	pool, err := OpenPool(ctx, databaseURL(cfg), time.Minute, log)
-	if err != nil {
-		Fatal(log, "database", err)
+	wait := DefaultDatabaseWait
+	if w, ok := any(cfg).(DatabaseWaiter); ok && w.DatabaseWait() > 0 {
+		wait = w.DatabaseWait()
 	}
+	pool, err := OpenPool(ctx, databaseURL(cfg), wait, log)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
 	app, err := build(ctx, cfg, Deps{Pool: pool, Metrics: tel.Metrics, Log: log})
 	if err != nil {
-		Fatal(log, "start", err)
+		return fmt.Errorf("start: %w", err)
 	}
-	err = Run(ctx, log, cfg.ProcessConfig().ShutdownTimeout, app.Tasks()...)
-	app.Close()
-	pool.Close()
-	_ = tel.Shutdown(context.Background())
-	if err != nil {
-		log.Error("stopped", "error", err)
-		os.Exit(1)
-	}
+	defer app.Close()
+	return Run(ctx, log, cfg.ProcessConfig().ShutdownTimeout, app.Tasks()...)
 }

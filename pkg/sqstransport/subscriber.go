@@ -25,6 +25,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/pkg/outage"
+	"github.com/effectively-once/payments-cashback/pkg/retry"
 )
 
 // Delivery is one received copy of an event.
@@ -82,7 +83,9 @@ type SubscriberConfig struct {
 	HandlerTimeout time.Duration
 	// RetryBase and RetryMax space out redeliveries after a handler error:
 	// the message becomes visible again after min(RetryMax,
-	// RetryBase*2^(receives-1)) [1s, 1m].
+	// RetryBase*2^(receives-1)) [retry.BaseDefault, 1m], the retry
+	// package's schedule without jitter (SQS spreads redeliveries itself:
+	// each message's visibility runs from its own receive).
 	RetryBase, RetryMax time.Duration
 	// ShutdownGrace bounds how long in-flight handlers may run after the
 	// context is cancelled [30s].
@@ -125,7 +128,7 @@ func (c *SubscriberConfig) defaults() {
 	c.Visibility = min(max(c.Visibility, time.Second), 12*time.Hour)
 	def(&c.HandlerTimeout, c.Visibility*4/5)
 	def(&c.MaxExtension, 15*time.Minute)
-	def(&c.RetryBase, time.Second)
+	def(&c.RetryBase, retry.BaseDefault)
 	def(&c.RetryMax, time.Minute)
 	def(&c.ShutdownGrace, 30*time.Second)
 	if c.MaxPanics <= 0 {
@@ -235,7 +238,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 				<-slots
 				if err != nil && ctx.Err() == nil {
 					receiveFailures++
-					delay := backoffFor(receiveFailures, time.Second, 20*time.Second)
+					delay := receiveRetry.Delay(receiveFailures)
 					s.log.Error("receive failed", "error", err, "retry_in", delay)
 					sleep(ctx, delay)
 				}
@@ -272,7 +275,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 				// Backoff, so an unreachable SQS is not flooded (the SDK has
 				// already retried this call): 1 s, 2 s, ... up to 20 s.
 				receiveFailures++
-				delay := backoffFor(receiveFailures, time.Second, 20*time.Second)
+				delay := receiveRetry.Delay(receiveFailures)
 				s.log.Error("receive failed", "error", err, "retry_in", delay)
 				sleep(ctx, delay)
 			}
@@ -391,7 +394,7 @@ func (s *Subscriber) settle(ctx context.Context, span trace.Span, m types.Messag
 		// transaction is rolled back, so the message must come back.
 		s.timeouts.Add(ctx, 1, metric.WithAttributes(s.attrQueue))
 		span.RecordError(err)
-		delay := backoffFor(d.ReceiveCount, s.cfg.RetryBase, s.cfg.RetryMax)
+		delay := s.redelivery(d.ReceiveCount)
 		log.Warn("handler passed its deadline: rolled back, message left for redelivery",
 			"handler_timeout", s.cfg.HandlerTimeout, "error", err, "retry_in", delay)
 		s.setVisibility(ctx, m.ReceiptHandle, delay, log)
@@ -405,7 +408,7 @@ func (s *Subscriber) settle(ctx context.Context, span trace.Span, m types.Messag
 	default:
 		s.failed.Add(ctx, 1, metric.WithAttributes(s.attrQueue))
 		span.RecordError(err)
-		delay := backoffFor(d.ReceiveCount, s.cfg.RetryBase, s.cfg.RetryMax)
+		delay := s.redelivery(d.ReceiveCount)
 		log.Warn("handler failed: message left for redelivery", "error", err, "retry_in", delay)
 		s.setVisibility(ctx, m.ReceiptHandle, delay, log)
 	}
@@ -452,12 +455,13 @@ func (s *Subscriber) handle(ctx context.Context, d Delivery, log *slog.Logger) (
 	}
 }
 
-func backoffFor(receives int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < receives && d < max; i++ {
-		d *= 2
-	}
-	return min(d, max)
+// receiveRetry spaces the receives after failed ones, so an unreachable SQS
+// is not flooded (the SDK has already retried each call): 1s, 2s, ... 20s.
+var receiveRetry = retry.Policy{Base: time.Second, Max: 20 * time.Second}
+
+// redelivery is the visibility timeout after a failed receive-th delivery.
+func (s *Subscriber) redelivery(receives int) time.Duration {
+	return retry.Policy{Base: s.cfg.RetryBase, Max: s.cfg.RetryMax}.Delay(receives)
 }
 
 // heartbeat keeps the messages invisible while their handler runs.

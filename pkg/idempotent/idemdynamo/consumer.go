@@ -50,6 +50,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/pkg/retry"
 )
 
 // The dedupe table's attributes. The key schema is (consumer HASH,
@@ -162,9 +163,7 @@ func (c *Consumer) handle(ctx context.Context, msg idempotent.Message, effect Ef
 	if msg.Expired(now, c.cfg.Retention) {
 		return idempotent.Expired, idempotent.ErrExpired
 	}
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = 5 * time.Millisecond
-	b.MaxInterval = 200 * time.Millisecond
+	b := retry.Policy{Base: 5 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: 0.5}.BackOff()
 	out, err := backoff.Retry(ctx, func() (idempotent.Outcome, error) {
 		out, err := c.attempt(ctx, msg, effect)
 		var ce *CancelledError

@@ -40,7 +40,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -54,6 +53,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/retry"
 	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/effectively-once/payments-cashback/services/notifications/sms"
 )
@@ -120,8 +120,8 @@ func (c *Config) defaults() {
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 8
 	}
-	def(&c.RetryBase, time.Second)
-	def(&c.RetryMax, 5*time.Minute)
+	def(&c.RetryBase, retry.BaseDefault)
+	def(&c.RetryMax, retry.MaxDefault)
 	if c.DefaultPolicy == "" {
 		c.DefaultPolicy = PolicyResend
 	}
@@ -431,22 +431,11 @@ func (s *Sender) retryLater(ctx context.Context, r row, lastErr string, log *slo
 		s.transition(ctx, "FAILED", "attempts_exhausted")
 		return
 	}
-	delay := Backoff(r.Attempts, s.cfg.RetryBase, s.cfg.RetryMax)
+	delay := retry.Policy{Base: s.cfg.RetryBase, Max: s.cfg.RetryMax, Jitter: retry.JitterDefault}.Delay(r.Attempts)
 	if err := s.fenced(ctx, r, `status = 'PENDING', next_attempt_at = now() + $3::interval, last_error = $4`, delay, lastErr); err != nil {
 		log.ErrorContext(ctx, "could not reschedule", "error", err)
 		return
 	}
 	s.transition(ctx, "PENDING", "retry")
 	log.InfoContext(ctx, "notification rescheduled", "retry_in", delay)
-}
-
-// Backoff is the delay after the attempts-th failed call:
-// min(max, base·2^(attempts-1)), jittered by ±25 %.
-func Backoff(attempts int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < attempts && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	return time.Duration(float64(d) * (0.75 + rand.Float64()/2))
 }

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -26,6 +26,14 @@ import (
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
+
+// loadConfig is what service.Main does before it serves.
+func loadConfig(args []string) (Config, error) { return service.Load[Config](args) }
+
+// run is service.Main without the exit: the whole service in this process.
+func run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	return service.Serve(ctx, "payments", cfg, log, DatabaseURL, Build)
+}
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
@@ -110,9 +118,9 @@ func newStack(t *testing.T) *stack {
 	return &stack{dbURL: dbURL, pool: pool, sqs: client, queueURL: q, stripe: testenv.StripeMock(t)}
 }
 
-func (s *stack) config(t *testing.T, role string) config {
+func (s *stack) config(t *testing.T, role string) Config {
 	t.Helper()
-	return config{
+	return Config{
 		DatabaseURL: s.dbURL, Port: strconv.Itoa(freePort(t)), Role: role, RelayEnabled: true,
 		Queue: path.Base(s.queueURL), StripeURL: s.stripe, StripeAPIKey: "sk_test_123",
 		StripePaymentMethod: "pm_card_visa", StripeTimeout: 5 * time.Second, StripeMockFixtures: true, LockTimeout: time.Minute,
@@ -123,7 +131,7 @@ func (s *stack) config(t *testing.T, role string) config {
 
 // start runs the service in this process until the test ends (or stop is
 // called), and waits until it is ready.
-func start(t *testing.T, cfg config) (base string, stop func()) {
+func start(t *testing.T, cfg Config) (base string, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -314,7 +322,7 @@ func TestRelayRunsAsItsOwnRole(t *testing.T) {
 
 func TestMigrateRoleAppliesTheSchemaAndExits(t *testing.T) {
 	dbURL := testenv.DatabaseURL(t)
-	cfg := config{DatabaseURL: dbURL, Role: "migrate", Port: "0", StartupWait: 10 * time.Second}
+	cfg := Config{DatabaseURL: dbURL, Role: "migrate", Port: "0", StartupWait: 10 * time.Second}
 	if err := run(context.Background(), cfg, quiet); err != nil {
 		t.Fatal(err)
 	}
