@@ -389,6 +389,14 @@ func (r *Relay) mark(ctx context.Context, ok []uuid.UUID, failed map[uuid.UUID]e
 	return errors.Join(errPublished, r.reschedule(ctx, failed))
 }
 
+// rescheduleSQL is assembled once, from constants: the retry policy's
+// schedule as SQL over the row's attempts, every value a parameter.
+var rescheduleSQL = `
+		UPDATE outbox o SET claimed_until = NULL, last_error = f.reason,
+		       next_attempt_at = now() + make_interval(secs => ` + retry.SQL("o.attempts", "$4", "$3", "$5") + `)
+		FROM unnest($1::uuid[], $2::text[]) AS f(id, reason)
+		WHERE o.id = f.id AND o.published_at IS NULL`
+
 // reschedule sets the failed rows' next attempt by backoff and releases
 // their claim.
 func (r *Relay) reschedule(ctx context.Context, failed map[uuid.UUID]error) error {
@@ -402,11 +410,7 @@ func (r *Relay) reschedule(ctx context.Context, failed map[uuid.UUID]error) erro
 		reasons = append(reasons, err.Error())
 		r.log.Warn("outbox publish failed: rescheduled", "event_id", id, "error", err)
 	}
-	_, err := r.pool.Exec(ctx, `
-		UPDATE outbox o SET claimed_until = NULL, last_error = f.reason,
-		       next_attempt_at = now() + make_interval(secs => `+retry.SQL("o.attempts", "$4", "$3", "$5")+`)
-		FROM unnest($1::uuid[], $2::text[]) AS f(id, reason)
-		WHERE o.id = f.id AND o.published_at IS NULL`, ids, reasons, r.cfg.RetryMax.Seconds(), r.cfg.RetryBase.Seconds(), retry.JitterDefault)
+	_, err := r.pool.Exec(ctx, rescheduleSQL, ids, reasons, r.cfg.RetryMax.Seconds(), r.cfg.RetryBase.Seconds(), retry.JitterDefault)
 	if err != nil {
 		return fmt.Errorf("outbox: reschedule failed rows: %w", err)
 	}
