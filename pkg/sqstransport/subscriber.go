@@ -444,15 +444,20 @@ func (s *Subscriber) handle(ctx context.Context, d Delivery, log *slog.Logger) (
 			return panicked, timedOut, err
 		}
 		log.Warn("dependency unavailable: holding the message until it answers", "error", err)
-		wctx, cancelWait := context.WithDeadline(ctx, deadline)
-		stop := context.AfterFunc(s.stopping, cancelWait)
-		werr := s.cfg.Gate.Wait(wctx)
-		stop()
-		cancelWait()
-		if werr != nil {
+		if s.waitGate(ctx, deadline) != nil {
 			return panicked, timedOut, err
 		}
 	}
+}
+
+// waitGate waits until the gate reopens, at most until deadline (the held
+// messages' last extension) and never past the subscriber's stop.
+func (s *Subscriber) waitGate(ctx context.Context, deadline time.Time) error {
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	stop := context.AfterFunc(s.stopping, cancel)
+	defer stop()
+	return s.cfg.Gate.Wait(wctx)
 }
 
 // receiveRetry spaces the receives after failed ones, so an unreachable SQS

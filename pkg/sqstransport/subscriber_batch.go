@@ -112,12 +112,7 @@ func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (panicked, 
 			return panicked, timedOut, errs
 		}
 		s.log.Warn("dependency unavailable: holding the receive until it answers", "error", suspect, "messages", len(ds))
-		wctx, cancelWait := context.WithDeadline(ctx, deadline)
-		stop := context.AfterFunc(s.stopping, cancelWait)
-		werr := s.cfg.Gate.Wait(wctx)
-		stop()
-		cancelWait()
-		if werr != nil {
+		if s.waitGate(ctx, deadline) != nil {
 			return panicked, timedOut, errs
 		}
 	}
