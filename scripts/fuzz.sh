@@ -5,7 +5,7 @@
 # "context deadline exceeded" when -fuzztime expires while a worker is
 # mid-call (go.dev/issue/75804, fixed in Go 1.27); a loaded machine makes it
 # likelier. A run that fails that way, with no failing input written and no
-# panic, is run once more; any other failure, or the same one twice, fails.
+# panic, is run again, up to twice more; any other failure fails at once.
 set -uo pipefail
 GO=${GO:-go}
 FUZZTIME=${FUZZTIME:-8s}
@@ -30,11 +30,17 @@ trap 'rm -f "$log"' EXIT
 for t in "$@"; do
 	pkg=${t%%:*} name=${t#*:}
 	echo "fuzz: $name in $pkg for $FUZZTIME"
-	if fuzz_once "$pkg" "$name" "$log"; then continue; fi
-	if boundary_race "$log"; then
-		echo "fuzz: $name stopped on Go's fuzztime-boundary race (go.dev/issue/75804), no failing input: running it once more"
-		fuzz_once "$pkg" "$name" "$log" && continue
+	ok=false
+	for try in 1 2 3; do
+		if fuzz_once "$pkg" "$name" "$log"; then
+			ok=true
+			break
+		fi
+		boundary_race "$log" || break
+		((try < 3)) && echo "fuzz: $name stopped on Go's fuzztime-boundary race (go.dev/issue/75804), no failing input: running it again"
+	done
+	if ! $ok; then
+		echo "fuzz: $name FAILED" >&2
+		exit 1
 	fi
-	echo "fuzz: $name FAILED" >&2
-	exit 1
 done
