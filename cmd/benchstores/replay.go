@@ -86,33 +86,44 @@ func replay(ctx context.Context, msgs []idempotent.Message, workers int, want id
 	return float64(len(msgs)) / time.Since(began).Seconds(), firstErr
 }
 
+// handler is one consumer's Handle, with the pre-filter or without.
+type handler = func(context.Context, idempotent.Message) (idempotent.Outcome, error)
+
+// offThenOn runs one interleaved round: measure with off, then on (the
+// other order on odd rounds, so drift hits both sides alike), appending
+// each rate to its side.
+func offThenOn(round int, offs, ons *[]float64, off, on handler, measure func(handler) (float64, error)) error {
+	sides := []bool{false, true}
+	if round%2 == 1 {
+		sides = []bool{true, false}
+	}
+	for _, withFilter := range sides {
+		h, into := off, offs
+		if withFilter {
+			h, into = on, ons
+		}
+		rate, err := measure(h)
+		if err != nil {
+			return err
+		}
+		*into = append(*into, rate)
+	}
+	return nil
+}
+
 // replayBoth replays msgs in o.rounds chunks, each chunk with the
 // pre-filter off and then on (the other order every other chunk), and adds
 // the median rates of each side to rep.
 func replayBoth(ctx context.Context, o options, rep *report, store string, msgs []idempotent.Message,
-	off, on func(context.Context, idempotent.Message) (idempotent.Outcome, error)) error {
+	off, on handler) error {
 	var offs, ons []float64
 	chunk := (len(msgs) + o.rounds - 1) / o.rounds
 	for r := 0; r*chunk < len(msgs); r++ {
 		part := msgs[r*chunk : min((r+1)*chunk, len(msgs))]
-		order := []bool{false, true}
-		if r%2 == 1 {
-			order = []bool{true, false}
-		}
-		for _, withFilter := range order {
-			h := off
-			if withFilter {
-				h = on
-			}
-			rate, err := replay(ctx, part, o.workers, idempotent.Duplicate, h)
-			if err != nil {
-				return err
-			}
-			if withFilter {
-				ons = append(ons, rate)
-			} else {
-				offs = append(offs, rate)
-			}
+		if err := offThenOn(r, &offs, &ons, off, on, func(h handler) (float64, error) {
+			return replay(ctx, part, o.workers, idempotent.Duplicate, h)
+		}); err != nil {
+			return err
 		}
 		progress("%s replay chunk %d (%d events): off %.0f, on %.0f msgs/s", store, r+1, len(part), offs[len(offs)-1], ons[len(ons)-1])
 	}
@@ -243,31 +254,17 @@ func seedDynamo(ctx context.Context, e *env, t dyTables, msgs []idempotent.Messa
 // messages with it off and as many with it on, in o.rounds interleaved
 // rounds.
 func freshBoth(ctx context.Context, o options, rep *report, store string, perRound int,
-	off, on func(context.Context, idempotent.Message) (idempotent.Outcome, error)) error {
+	off, on handler) error {
 	var offs, ons []float64
 	for r := range o.rounds {
-		order := []bool{false, true}
-		if r%2 == 1 {
-			order = []bool{true, false}
-		}
-		for _, withFilter := range order {
+		if err := offThenOn(r, &offs, &ons, off, on, func(h handler) (float64, error) {
 			msgs := make([]idempotent.Message, perRound)
 			for i := range msgs {
 				msgs[i] = newMessage()
 			}
-			h := off
-			if withFilter {
-				h = on
-			}
-			rate, err := replay(ctx, msgs, o.workers, idempotent.Applied, h)
-			if err != nil {
-				return err
-			}
-			if withFilter {
-				ons = append(ons, rate)
-			} else {
-				offs = append(offs, rate)
-			}
+			return replay(ctx, msgs, o.workers, idempotent.Applied, h)
+		}); err != nil {
+			return err
 		}
 	}
 	mOff, mOn := median(offs), median(ons)
