@@ -76,7 +76,7 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 				return outbox.Add(ctx, tx, e)
 			}
 			newPayment := func() store.Payment {
-				return store.Payment{ID: store.NewID(), UserID: fmt.Sprintf("u_%d", rand.IntN(10000)), AmountPaise: 120000,
+				return store.Payment{ID: store.NewID(), Client: "bench", UserID: fmt.Sprintf("u_%d", rand.IntN(10000)), AmountPaise: 120000,
 					Currency: "INR", Method: "upi", ProviderRef: "pi_" + uuid.NewString()[:12]}
 			}
 			tx := func(pool *pgxpool.Pool, wake *outbox.Notifier, body func(ctx context.Context, tx pgx.Tx) error) func(context.Context, int) (int, error) {
@@ -102,8 +102,8 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 				{key: "prod_payment_c" + c, name: fmt.Sprintf("payments tx (INSERT payments), no outbox row, %d conn", conns), unit: "tx/s",
 					op: tx(pools["prod_pay"], nil, func(ctx context.Context, t pgx.Tx) error {
 						p := newPayment()
-						_, err := t.Exec(ctx, `INSERT INTO payments (id, user_id, amount_paise, currency, method, status, version, provider_ref)
-							VALUES ($1, $2, $3, $4, $5, $6, 1, $7)`, p.ID, p.UserID, p.AmountPaise, p.Currency, p.Method, store.StatusSucceeded, p.ProviderRef)
+						_, err := t.Exec(ctx, `INSERT INTO payments (id, client, user_id, amount_paise, currency, method, status, version, provider_ref)
+							VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8)`, p.ID, p.Client, p.UserID, p.AmountPaise, p.Currency, p.Method, store.StatusSucceeded, p.ProviderRef)
 						return err
 					})},
 				{key: "prod_payment_outbox_c" + c, name: fmt.Sprintf("payments tx with its PaymentSucceeded outbox row (store.InsertSucceeded), %d conn", conns), unit: "tx/s",

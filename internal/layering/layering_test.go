@@ -37,7 +37,9 @@ var forbidden = map[string][]string{
 	"pkg/sqstransport":        {module + "/pkg/service", module + "/pkg/idempotent", module + "/pkg/httpidem", module + "/services/"},
 	"pkg/idempotent/inboxsqs": {module + "/pkg/service", module + "/services/"},
 	"pkg/failpoint":           {"github.com/", module + "/services/"},
-	"pkg/outage":              {"github.com/aws/", module + "/pkg/service", module + "/pkg/sqstransport", module + "/services/"},
+	// The loop of every background worker: no database, no transport.
+	"pkg/worker": {"github.com/aws/", "github.com/jackc/", module + "/pkg/", module + "/services/"},
+	"pkg/outage": {"github.com/aws/", module + "/pkg/service", module + "/pkg/sqstransport", module + "/services/"},
 	// Shared internals of pkg/: the standard library only.
 	"pkg/internal/snapshot": {"github.com/", "golang.org/", "go.opentelemetry.io/", module + "/services/"},
 	// Other stores for the dedupe key: each brings only its own client.

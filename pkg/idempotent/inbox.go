@@ -19,6 +19,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/errs"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/internal/snapshot"
+	"github.com/effectively-once/payments-cashback/pkg/worker"
 )
 
 // gaugeCap bounds the rows each backlog gauge reads: inbox_pending and
@@ -112,8 +113,8 @@ type Inbox struct {
 	attrConsumer        attribute.KeyValue
 
 	mu            sync.Mutex
-	wakes         []chan struct{} // one per processor worker; Receive pings them
-	sharedWorkers int             // processor workers made on pool (see ProcessorConfig.Pool)
+	stored        worker.Signal // wakes the processors after each store
+	sharedWorkers int           // processor workers made on pool (see ProcessorConfig.Pool)
 }
 
 // NewInbox returns the inbox of consumer (for example "notifications").
@@ -336,33 +337,7 @@ func (in *Inbox) recordReceive(ctx context.Context, e events.Envelope, out recei
 // wake nudges this process's processors after a store, so a fresh row is
 // picked up without waiting for the next poll. It is only a hint: polling
 // (which also serves rows stored by other replicas) stays the source of truth.
-func (in *Inbox) wake() {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	for _, w := range in.wakes {
-		select {
-		case w <- struct{}{}:
-		default: // already awake or about to be
-		}
-	}
-}
-
-func (in *Inbox) addWake(w chan struct{}) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	in.wakes = append(in.wakes, w)
-}
-
-func (in *Inbox) removeWake(w chan struct{}) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	for i, x := range in.wakes {
-		if x == w {
-			in.wakes = append(in.wakes[:i], in.wakes[i+1:]...)
-			return
-		}
-	}
-}
+func (in *Inbox) wake() { in.stored.Notify() }
 
 // beyondWindow is the retention rule shared with Consumer.expired: a copy is
 // too old when its occurred_at, or the time in its UUIDv7 id (which also

@@ -22,6 +22,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/retry"
+	"github.com/effectively-once/payments-cashback/pkg/worker"
 )
 
 // ProcessFunc applies one stored event. Like an Effect it must do its work
@@ -86,6 +87,10 @@ type ProcessorConfig struct {
 	// workers would use up. Give the processor a pool of its own (Workers
 	// connections and one for the claim) to keep the two apart.
 	Pool *pgxpool.Pool
+	// Committed, when set, is notified after each batch commits, so a
+	// worker that acts on what the handlers wrote (notifications' SMS
+	// sender) starts at once rather than at its next poll.
+	Committed *worker.Signal
 	// Logger [the Inbox's].
 	Logger *slog.Logger
 }
@@ -225,63 +230,24 @@ func (in *Inbox) NewProcessor(h ProcessFunc, cfg ProcessorConfig) (*Processor, e
 }
 
 // Run applies rows until ctx is cancelled, then lets the batches in progress
-// finish (up to ShutdownGrace) and returns nil.
+// finish (up to ShutdownGrace; after it they are rolled back and retried)
+// and returns nil. Its Workers loops are pkg/worker loops named
+// "inbox-processor:<consumer>", woken by every row this process's Inbox
+// stores and polling every PollInterval for the rest.
 func (p *Processor) Run(ctx context.Context) error {
-	// Batches outlive ctx by up to ShutdownGrace, so a clean shutdown does
-	// not throw away work that is about to commit.
-	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopWork()
-	var wg sync.WaitGroup
-	for range p.cfg.Workers {
-		wake := make(chan struct{}, 1)
-		p.in.addWake(wake)
-		wg.Go(func() {
-			defer p.in.removeWake(wake)
-			p.loop(ctx, work, wake)
-		})
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-	}
-	select {
-	case <-done:
-	case <-time.After(p.cfg.ShutdownGrace):
-		p.log.Warn("inbox processor: shutdown grace over, rolling back the batches in progress; they will be retried")
-		stopWork()
-		<-done
-	}
-	return nil
-}
-
-func (p *Processor) loop(ctx, work context.Context, wake <-chan struct{}) {
-	var cursor string
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for ctx.Err() == nil {
-		n, err := p.once(work, &cursor)
-		if err != nil && ctx.Err() == nil {
-			p.log.Error("inbox processor: batch failed; its rows will be retried after their backoff", "error", err)
-		}
+	cursors := make([]string, p.cfg.Workers) // one claim cursor per loop
+	return worker.Run(ctx, worker.Config{
+		Name: "inbox-processor:" + p.in.consumer, Workers: p.cfg.Workers, PollInterval: p.cfg.PollInterval,
+		Wake: &p.in.stored, Grace: p.cfg.ShutdownGrace, Logger: p.log, MeterProvider: p.in.cfg.MeterProvider,
+	}, func(ctx context.Context, i int) (int, bool, error) {
+		n, err := p.once(ctx, &cursors[i])
 		if err == nil && n == p.cfg.BatchSize {
-			// A full batch: there is probably more, for this worker and
-			// for an idle sibling too.
-			p.in.wake()
-			continue
+			// A full batch: there is probably more, for an idle sibling too.
+			p.in.stored.Notify()
 		}
-		if err == nil && n > 0 {
-			continue // the rows behind this batch's heads may be due now
-		}
-		timer.Reset(p.cfg.PollInterval)
-		select {
-		case <-ctx.Done():
-		case <-wake:
-		case <-timer.C:
-		}
-	}
+		// Any rows: the ones behind this batch's heads may be due now.
+		return n, err == nil && n > 0, err
+	})
 }
 
 // ProcessOnce claims and applies at most one batch and returns how many rows
@@ -546,6 +512,9 @@ func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("idempotent: inbox %s: commit: %w", p.in.consumer, err)
+	}
+	if p.cfg.Committed != nil {
+		p.cfg.Committed.Notify()
 	}
 	p.report(ctx, results, outcomes)
 	return nil

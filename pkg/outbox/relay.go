@@ -20,6 +20,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/internal/snapshot"
 	"github.com/effectively-once/payments-cashback/pkg/outage"
 	"github.com/effectively-once/payments-cashback/pkg/retry"
+	"github.com/effectively-once/payments-cashback/pkg/worker"
 )
 
 // Message is one outbox row ready for the wire.
@@ -208,57 +209,46 @@ func (r *Relay) Unpublished(ctx context.Context) (int64, error) {
 // Run relays until ctx is cancelled. A batch on the wire when ctx ends is
 // still marked (with a short grace period), so a clean shutdown causes no
 // duplicate sends. Run returns nil on cancellation.
+//
+// Its Workers loops are pkg/worker loops named "outbox-relay": a full batch
+// is followed at once by the next claim; otherwise a loop sleeps until a
+// NOTIFY on the 'outbox' channel or PollInterval. While the database or the
+// queue is unreachable the sleep doubles from PollInterval up to 30 s, so
+// an outage is not flooded with claims (or, for the queue, with rows
+// claimed only to fail).
 func (r *Relay) Run(ctx context.Context) error {
-	wakes := make([]chan struct{}, r.cfg.Workers)
-	for i := range wakes {
-		wakes[i] = make(chan struct{}, 1)
-	}
+	var wake worker.Signal
 	var wg sync.WaitGroup
 	if !r.cfg.DisableListen {
-		wg.Go(func() { r.listen(ctx, wakes) })
+		wg.Go(func() { r.listen(ctx, &wake) })
 	}
 	wg.Go(func() { r.cleanupLoop(ctx) })
-	for _, w := range wakes {
-		wg.Go(func() { r.work(ctx, w) })
-	}
+	err := worker.Run(ctx, worker.Config{
+		Name: "outbox-relay", Workers: r.cfg.Workers, PollInterval: r.cfg.PollInterval, Wake: &wake,
+		Backoff: r.backoff, Logger: r.log, MeterProvider: r.cfg.MeterProvider,
+	}, r.pass)
 	wg.Wait()
-	return r.Close()
+	return errors.Join(err, r.Close())
 }
 
-func (r *Relay) work(ctx context.Context, wake <-chan struct{}) {
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	outages := 0
-	for {
-		n, pubErr, err := r.relayOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			r.log.Error("outbox relay batch failed", "error", err)
-		}
-		wait := r.cfg.PollInterval
-		if outage.Unavailable(err) || outage.Unavailable(pubErr) {
-			// The database or the queue is down: every claim would fail
-			// (or, for the queue, claim rows only to fail them), so back
-			// off instead of flooding it: PollInterval doubling to
-			// RetryMax's cap of 30 s, until a batch goes through.
-			outages++
-			wait = min(max(r.cfg.PollInterval, 100*time.Millisecond)<<min(outages, 10), 30*time.Second)
-		} else {
-			outages = 0
-			if err == nil && n == r.cfg.BatchSize {
-				continue // a full batch: there is probably more
-			}
-		}
-		timer.Reset(wait)
-		select {
-		case <-ctx.Done():
-			return
-		case <-wake:
-		case <-timer.C:
-		}
+// pass is one claim-publish-mark round for worker.Run.
+func (r *Relay) pass(ctx context.Context, _ int) (int, bool, error) {
+	n, pubErr, err := r.relayOnce(ctx)
+	if err == nil && outage.Unavailable(pubErr) {
+		// Not a failure of the relay's (the rows are rescheduled), but the
+		// loop must back off as for one.
+		err = fmt.Errorf("outbox: queue unreachable, batch of %d rescheduled: %w", n, pubErr)
 	}
+	return n, err == nil && n == r.cfg.BatchSize, err
+}
+
+// backoff is the sleep after a failed pass: PollInterval, doubling from it
+// (at least 100ms) up to 30 s while the failures are outages.
+func (r *Relay) backoff(failures int, err error) time.Duration {
+	if !outage.Unavailable(err) {
+		return r.cfg.PollInterval
+	}
+	return min(max(r.cfg.PollInterval, 100*time.Millisecond)<<min(failures, 10), 30*time.Second)
 }
 
 // gaugeCap bounds the rows the backlog gauges read: outbox_unpublished
@@ -430,11 +420,11 @@ func (r *Relay) OldestUnpublishedAge(ctx context.Context) (time.Duration, error)
 // listen turns notifications on the 'outbox' channel into wake-ups. It
 // holds one dedicated connection (LISTEN is per session, so a pooled
 // connection would lose it) and reconnects with backoff when it breaks.
-func (r *Relay) listen(ctx context.Context, wakes []chan struct{}) {
+func (r *Relay) listen(ctx context.Context, wake *worker.Signal) {
 	const minDelay = 100 * time.Millisecond
 	delay := minDelay
 	for ctx.Err() == nil {
-		listening, err := r.listenOnce(ctx, wakes)
+		listening, err := r.listenOnce(ctx, wake)
 		if ctx.Err() != nil {
 			return
 		}
@@ -453,7 +443,7 @@ func (r *Relay) listen(ctx context.Context, wakes []chan struct{}) {
 
 // listenOnce holds one LISTEN session until it breaks; listening reports
 // whether LISTEN was established at all.
-func (r *Relay) listenOnce(ctx context.Context, wakes []chan struct{}) (listening bool, err error) {
+func (r *Relay) listenOnce(ctx context.Context, wake *worker.Signal) (listening bool, err error) {
 	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return false, err
@@ -466,12 +456,7 @@ func (r *Relay) listenOnce(ctx context.Context, wakes []chan struct{}) (listenin
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return true, err
 		}
-		for _, w := range wakes {
-			select {
-			case w <- struct{}{}:
-			default: // already awake or about to be
-			}
-		}
+		wake.Notify()
 	}
 }
 

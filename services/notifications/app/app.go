@@ -20,6 +20,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/migrate"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/pkg/worker"
 	"github.com/effectively-once/payments-cashback/services/notifications/api"
 	"github.com/effectively-once/payments-cashback/services/notifications/intent"
 	"github.com/effectively-once/payments-cashback/services/notifications/migrations"
@@ -144,8 +145,9 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	if !cfg.SMSProviderLookup {
 		provider = sms.WithoutLookup(provider)
 	}
+	var committed worker.Signal // the processor's commits wake the sender
 	snd, err := sender.New(pool, provider, sender.Config{
-		Concurrency: cfg.SendConcurrency, PollInterval: cfg.SenderPoll, SendTimeout: cfg.SMSProviderTimeout,
+		Wake: &committed, Concurrency: cfg.SendConcurrency, PollInterval: cfg.SenderPoll, SendTimeout: cfg.SMSProviderTimeout,
 		Lease: cfg.SendingLease, MaxAttempts: cfg.SendMaxAttempts, RetryBase: cfg.SendRetryBase, RetryMax: cfg.SendRetryMax,
 		Policies: policies, Logger: log,
 	})
@@ -172,6 +174,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	}()
 	pc := cfg.Processor
 	pc.Logger = log
+	pc.Committed = &committed
 	proc, err := inbox.NewProcessor(intent.Handler, pc)
 	if err != nil {
 		return nil, err

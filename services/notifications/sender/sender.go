@@ -54,6 +54,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/pkg/retry"
+	"github.com/effectively-once/payments-cashback/pkg/worker"
 	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/effectively-once/payments-cashback/services/notifications/sms"
 )
@@ -102,7 +103,11 @@ type Config struct {
 	// provider has no Lookup; kinds not listed get DefaultPolicy [resend].
 	Policies      map[string]Policy
 	DefaultPolicy Policy
-	Logger        *slog.Logger
+	// Wake, when set, ends the sender's sleep at once: notified when new
+	// rows are committed (idempotent.ProcessorConfig.Committed), so a
+	// notification does not wait for PollInterval.
+	Wake   *worker.Signal
+	Logger *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -186,30 +191,17 @@ func (s *Sender) PolicyFor(kind string) Policy {
 // Run sends and reconciles until ctx is cancelled. Calls in flight when
 // ctx ends are finished (each is bounded by SendTimeout) and recorded, so
 // a clean shutdown leaves no row SENDING. It returns nil on cancellation.
+// Its loop is a pkg/worker loop named "sms-sender": a full pass is followed
+// at once by the next, otherwise it sleeps until Wake or PollInterval.
 func (s *Sender) Run(ctx context.Context) error {
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		if _, err := s.ReconcileOnce(ctx); err != nil && ctx.Err() == nil {
-			s.log.ErrorContext(ctx, "notifications reconcile failed", "error", err)
-		}
-		n, err := s.SendOnce(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			s.log.ErrorContext(ctx, "notifications send pass failed", "error", err)
-		}
-		if err == nil && n == s.cfg.Concurrency {
-			continue // a full batch: probably more due
-		}
-		timer.Reset(s.cfg.PollInterval)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-timer.C:
-		}
-	}
+	return worker.Run(ctx, worker.Config{Name: "sms-sender", PollInterval: s.cfg.PollInterval, Wake: s.cfg.Wake, Logger: s.log},
+		func(ctx context.Context, _ int) (int, bool, error) {
+			if _, err := s.ReconcileOnce(ctx); err != nil && ctx.Err() == nil {
+				s.log.ErrorContext(ctx, "notifications reconcile failed", "error", err)
+			}
+			n, err := s.SendOnce(ctx)
+			return n, err == nil && n == s.cfg.Concurrency, err
+		})
 }
 
 // row is a claimed notification.

@@ -1,0 +1,265 @@
+// Package worker is the loop every background worker of the library runs:
+// the outbox relay, the inbox processor and, in the services, the SMS
+// sender. It imports the standard library and the OpenTelemetry metric API
+// only.
+//
+// A worker makes passes. A pass claims some rows, works them and records
+// the outcome, then says how many it handled and whether more is probably
+// due. When more is due the loop goes again at once; otherwise it sleeps
+// until a wake-up (a Signal), the polling interval or, after a failed pass,
+// the back-off the caller chose, whichever comes first.
+//
+// Wake-ups are hints, never the source of truth: one may be lost (a signal
+// sent while the loop is busy is folded into one), or come from a row
+// another replica already took, and the polling fallback still finds every
+// due row. So a worker is correct with no Signal at all, only slower to
+// react.
+//
+// On shutdown (the context given to Run ends) no new pass starts. A pass in
+// progress keeps its own context for up to Config.Grace, so work that is
+// about to commit is not thrown away; then its context is cancelled and Run
+// returns once it has.
+package worker
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+)
+
+// The defaults WithDefaults fills in.
+const (
+	// WorkersDefault is how many loops run the pass.
+	WorkersDefault = 1
+	// PollIntervalDefault is the sleep after a pass that left nothing due.
+	PollIntervalDefault = time.Second
+)
+
+// Pass is one round of work of the loop numbered worker (0 to Workers-1;
+// a pass may keep per-loop state, such as a cursor, indexed by it). It
+// returns how many items it handled, for the metrics, and whether more is
+// probably due, in which case the loop goes again without sleeping. A
+// non-nil error is logged and counted, and the loop sleeps for the back-off.
+type Pass func(ctx context.Context, worker int) (done int, more bool, err error)
+
+// Config tunes Run. Zero values take the defaults in brackets.
+type Config struct {
+	// Name identifies the worker in logs and in the metrics' "worker"
+	// attribute, for example "outbox-relay".
+	Name string
+	// Workers is how many loops run the pass concurrently [WorkersDefault].
+	Workers int
+	// PollInterval is the sleep after a pass that left nothing due
+	// [PollIntervalDefault]: the polling fallback behind the wake-ups.
+	PollInterval time.Duration
+	// Wake, when set, ends the sleep of every idle loop at each Notify.
+	Wake *Signal
+	// Backoff, when set, is the sleep after a failed pass, given how many
+	// passes of this loop failed in a row (1, 2, ...) and the last error;
+	// for example a growing delay while the database is unreachable. Nil:
+	// PollInterval.
+	Backoff func(failures int, err error) time.Duration
+	// Grace is how long a pass in progress may go on after the context of
+	// Run ends [0: its context ends with Run's].
+	Grace time.Duration
+	// Logger receives a line per failed pass and the shutdown warning
+	// [slog.Default()].
+	Logger *slog.Logger
+	// MeterProvider receives the metrics [the global one].
+	MeterProvider metric.MeterProvider
+}
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Workers <= 0 {
+		c.Workers = WorkersDefault
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = PollIntervalDefault
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	return c
+}
+
+const meterName = "github.com/effectively-once/payments-cashback/pkg/worker"
+
+// Run runs cfg.Workers loops of pass until ctx ends, lets the passes in
+// progress finish (up to cfg.Grace) and returns nil. Its metrics, each
+// with the attribute worker=cfg.Name:
+//
+//   - worker.passes (counter), with outcome = "worked" (the pass handled
+//     items), "idle" (nothing was due) or "failed";
+//   - worker.items (counter): the items the passes handled;
+//   - worker.pass.duration (histogram, seconds).
+func Run(ctx context.Context, cfg Config, pass Pass) error {
+	cfg = cfg.WithDefaults()
+	m := newMeters(cfg)
+	// Passes outlive ctx by up to Grace.
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	if cfg.Grace <= 0 {
+		work = ctx
+	}
+	var wg sync.WaitGroup
+	for i := range cfg.Workers {
+		var wake <-chan struct{}
+		if cfg.Wake != nil {
+			ch, unsubscribe := cfg.Wake.subscribe()
+			defer unsubscribe()
+			wake = ch
+		}
+		wg.Go(func() { loop(ctx, work, cfg, m, wake, i, pass) })
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	if cfg.Grace <= 0 {
+		<-done
+		return nil
+	}
+	grace := time.NewTimer(cfg.Grace)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		cfg.Logger.Warn(cfg.Name+": shutdown grace over, cancelling the passes in progress; their work will be retried",
+			"grace", cfg.Grace)
+		stopWork()
+		<-done
+	}
+	return nil
+}
+
+func loop(ctx, work context.Context, cfg Config, m *meters, wake <-chan struct{}, i int, pass Pass) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	failures := 0
+	for ctx.Err() == nil {
+		start := time.Now()
+		n, more, err := pass(work, i)
+		m.record(work, cfg.Name, time.Since(start), n, err)
+		if ctx.Err() != nil {
+			return
+		}
+		wait := cfg.PollInterval
+		if err != nil {
+			failures++
+			cfg.Logger.Error(cfg.Name+": pass failed", "error", err, "failures_in_a_row", failures)
+			if cfg.Backoff != nil {
+				wait = cfg.Backoff(failures, err)
+			}
+		} else {
+			failures = 0
+			if more {
+				continue
+			}
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// Signal wakes the idle loops that subscribed to it (Config.Wake). The zero
+// value is ready to use, and it is safe for concurrent use. A Notify with
+// no loop subscribed, or sent to a loop that is busy, is not queued beyond
+// one pending wake-up per loop.
+type Signal struct {
+	mu   sync.Mutex
+	subs map[chan struct{}]struct{}
+}
+
+// Notify wakes every subscribed loop that sleeps, and makes every busy one
+// skip its next sleep. It never blocks.
+func (s *Signal) Notify() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ch := range s.subs {
+		select {
+		case ch <- struct{}{}:
+		default: // already has a wake-up pending
+		}
+	}
+}
+
+func (s *Signal) subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.subs == nil {
+		s.subs = map[chan struct{}]struct{}{}
+	}
+	s.subs[ch] = struct{}{}
+	return ch, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.subs, ch)
+	}
+}
+
+type meters struct {
+	passes, items metric.Int64Counter
+	duration      metric.Float64Histogram
+}
+
+func newMeters(cfg Config) *meters {
+	meter := cfg.MeterProvider.Meter(meterName)
+	// An instrument that cannot be built is replaced by a no-op one:
+	// metrics never stop a worker.
+	fallback := noop.Meter{}
+	warn := func(name string, err error) {
+		cfg.Logger.Warn(cfg.Name+": metric "+name+" unavailable", "error", err)
+	}
+	var m meters
+	var err error
+	if m.passes, err = meter.Int64Counter("worker.passes", metric.WithDescription("passes of a background worker, by outcome")); err != nil {
+		warn("worker.passes", err)
+		m.passes, _ = fallback.Int64Counter("")
+	}
+	if m.items, err = meter.Int64Counter("worker.items", metric.WithDescription("items a background worker's passes handled")); err != nil {
+		warn("worker.items", err)
+		m.items, _ = fallback.Int64Counter("")
+	}
+	if m.duration, err = meter.Float64Histogram("worker.pass.duration", metric.WithUnit("s"),
+		metric.WithDescription("duration of one pass of a background worker")); err != nil {
+		warn("worker.pass.duration", err)
+		m.duration, _ = fallback.Float64Histogram("")
+	}
+	return &m
+}
+
+func (m *meters) record(ctx context.Context, name string, took time.Duration, n int, err error) {
+	outcome := "idle"
+	switch {
+	case err != nil:
+		outcome = "failed"
+	case n > 0:
+		outcome = "worked"
+	}
+	// A context that ended still records: the pass happened.
+	ctx = context.WithoutCancel(ctx)
+	w := attribute.String("worker", name)
+	m.passes.Add(ctx, 1, metric.WithAttributes(w, attribute.String("outcome", outcome)))
+	if n > 0 {
+		m.items.Add(ctx, int64(n), metric.WithAttributes(w))
+	}
+	m.duration.Record(ctx, took.Seconds(), metric.WithAttributes(w))
+}

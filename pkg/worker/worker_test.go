@@ -1,0 +1,289 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// start runs Run in the background; stop cancels it and waits for it.
+func start(t *testing.T, cfg Config, pass Pass) (stop func()) {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, pass) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run returned %v, want nil on cancellation", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("Run did not return after its context ended")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitFor polls cond for up to 5 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestAPassThatSaysMoreRunsAgainWithoutSleeping(t *testing.T) {
+	var passes atomic.Int64
+	start(t, Config{PollInterval: time.Hour}, func(context.Context, int) (int, bool, error) {
+		n := passes.Add(1)
+		return 1, n < 50, nil
+	})
+	waitFor(t, "50 passes", func() bool { return passes.Load() >= 50 })
+	time.Sleep(50 * time.Millisecond)
+	if got := passes.Load(); got != 50 {
+		t.Fatalf("%d passes, want exactly 50: the 50th said nothing more is due, so the loop must sleep (an hour)", got)
+	}
+}
+
+func TestNotifyWakesAnIdleLoopAndPollingIsTheFallback(t *testing.T) {
+	var sig Signal
+	var passes atomic.Int64
+	start(t, Config{PollInterval: time.Hour, Wake: &sig}, func(context.Context, int) (int, bool, error) {
+		passes.Add(1)
+		return 0, false, nil
+	})
+	waitFor(t, "the first pass", func() bool { return passes.Load() == 1 })
+	time.Sleep(20 * time.Millisecond)
+	if got := passes.Load(); got != 1 {
+		t.Fatalf("%d passes before any wake-up, want 1", got)
+	}
+	sig.Notify()
+	waitFor(t, "the pass after Notify", func() bool { return passes.Load() == 2 })
+
+	var polled atomic.Int64
+	start(t, Config{PollInterval: 10 * time.Millisecond}, func(context.Context, int) (int, bool, error) {
+		polled.Add(1)
+		return 0, false, nil
+	})
+	waitFor(t, "passes driven by polling alone", func() bool { return polled.Load() >= 5 })
+}
+
+func TestNotifyWithoutSubscribersAndAfterStopNeverBlocks(t *testing.T) {
+	var sig Signal
+	sig.Notify() // zero value, nobody subscribed
+	stop := start(t, Config{Workers: 3, PollInterval: time.Hour, Wake: &sig}, func(context.Context, int) (int, bool, error) {
+		return 0, false, nil
+	})
+	stop()
+	for range 10 {
+		sig.Notify()
+	}
+	sig.mu.Lock()
+	defer sig.mu.Unlock()
+	if len(sig.subs) != 0 {
+		t.Fatalf("%d subscriptions left after Run returned, want 0", len(sig.subs))
+	}
+}
+
+func TestEveryLoopHasItsOwnIndexAndRunsConcurrently(t *testing.T) {
+	const workers = 4
+	var mu sync.Mutex
+	seen := map[int]bool{}
+	inside := make(chan struct{}, workers)
+	release := make(chan struct{})
+	start(t, Config{Workers: workers, PollInterval: time.Hour}, func(ctx context.Context, i int) (int, bool, error) {
+		mu.Lock()
+		first := !seen[i]
+		seen[i] = true
+		mu.Unlock()
+		if first {
+			inside <- struct{}{}
+			select { // every loop holds its first pass until all are inside
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return 0, false, nil
+	})
+	for range workers {
+		select {
+		case <-inside:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("only some of %d loops entered a pass at the same time", workers)
+		}
+	}
+	close(release)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range workers {
+		if !seen[i] {
+			t.Errorf("no pass ran with index %d", i)
+		}
+	}
+}
+
+func TestBackoffCountsFailuresInARowAndSuccessResetsIt(t *testing.T) {
+	errDown := errors.New("database down")
+	var mu sync.Mutex
+	var got []int
+	var passes atomic.Int64
+	start(t, Config{PollInterval: time.Hour,
+		Backoff: func(failures int, err error) time.Duration {
+			if !errors.Is(err, errDown) {
+				t.Errorf("Backoff got %v, want the pass's error", err)
+			}
+			mu.Lock()
+			got = append(got, failures)
+			mu.Unlock()
+			return time.Millisecond
+		}}, func(context.Context, int) (int, bool, error) {
+		switch passes.Add(1) {
+		case 1, 2, 3, 5, 6:
+			return 0, false, errDown
+		case 4:
+			return 1, true, nil // a success: the count starts again
+		}
+		return 0, false, nil // then sleep an hour
+	})
+	waitFor(t, "7 passes", func() bool { return passes.Load() >= 7 })
+	mu.Lock()
+	defer mu.Unlock()
+	want := []int{1, 2, 3, 1, 2}
+	if len(got) != len(want) {
+		t.Fatalf("Backoff saw %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("Backoff saw %v, want %v", got, want)
+		}
+	}
+}
+
+func TestAPassInProgressKeepsItsContextForTheGraceThenIsCancelled(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		grace      time.Duration
+		passTakes  time.Duration
+		wantFinish bool
+	}{
+		{"finishes within the grace", 2 * time.Second, 50 * time.Millisecond, true},
+		{"cut at the end of the grace", 50 * time.Millisecond, time.Hour, false},
+		{"no grace: cancelled with Run", 0, time.Hour, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			entered := make(chan struct{})
+			var finished, cancelled atomic.Bool
+			var once sync.Once
+			stop := start(t, Config{PollInterval: time.Hour, Grace: tc.grace}, func(ctx context.Context, _ int) (int, bool, error) {
+				once.Do(func() { close(entered) })
+				select {
+				case <-time.After(tc.passTakes):
+					finished.Store(true)
+				case <-ctx.Done():
+					cancelled.Store(true)
+				}
+				return 1, false, nil
+			})
+			<-entered
+			began := time.Now()
+			stop()
+			if finished.Load() != tc.wantFinish || cancelled.Load() == tc.wantFinish {
+				t.Fatalf("finished %v, cancelled %v; want finished %v", finished.Load(), cancelled.Load(), tc.wantFinish)
+			}
+			if !tc.wantFinish && tc.grace > 0 && time.Since(began) < tc.grace {
+				t.Fatalf("the pass was cancelled after %v, before its grace of %v", time.Since(began), tc.grace)
+			}
+		})
+	}
+}
+
+func TestNoPassStartsAfterTheContextEnds(t *testing.T) {
+	var passes atomic.Int64
+	stop := start(t, Config{PollInterval: time.Millisecond, Grace: time.Second}, func(context.Context, int) (int, bool, error) {
+		passes.Add(1)
+		return 1, true, nil
+	})
+	waitFor(t, "some passes", func() bool { return passes.Load() > 10 })
+	stop()
+	after := passes.Load()
+	time.Sleep(20 * time.Millisecond)
+	if got := passes.Load(); got != after {
+		t.Fatalf("%d passes ran after Run returned", got-after)
+	}
+}
+
+func TestMetricsCountPassesByOutcomeAndItems(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	var passes atomic.Int64
+	start(t, Config{Name: "test-worker", PollInterval: time.Millisecond, MeterProvider: mp,
+		Backoff: func(int, error) time.Duration { return time.Millisecond }},
+		func(ctx context.Context, _ int) (int, bool, error) {
+			switch passes.Add(1) {
+			case 1:
+				return 7, true, nil
+			case 2:
+				return 0, false, errors.New("boom")
+			case 3:
+				return 0, false, nil
+			}
+			<-ctx.Done() // park: no more passes to count
+			return 0, false, nil
+		})
+	waitFor(t, "the fourth pass", func() bool { return passes.Load() == 4 })
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	byOutcome := map[string]int64{}
+	var items int64
+	var durations uint64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					if w, _ := p.Attributes.Value("worker"); w.AsString() != "test-worker" {
+						t.Errorf("%s has worker=%q, want test-worker", m.Name, w.AsString())
+					}
+					if m.Name == "worker.passes" {
+						o, _ := p.Attributes.Value("outcome")
+						byOutcome[o.AsString()] += p.Value
+					} else if m.Name == "worker.items" {
+						items += p.Value
+					}
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					durations += p.Count
+				}
+			}
+		}
+	}
+	if byOutcome["worked"] != 1 || byOutcome["failed"] != 1 || byOutcome["idle"] != 1 || items != 7 || durations != 3 {
+		t.Fatalf("passes %v, items %d, durations %d; want worked 1, failed 1, idle 1, items 7, durations 3", byOutcome, items, durations)
+	}
+}
