@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -26,15 +27,34 @@ func (it Item) ctx(batch context.Context) context.Context {
 	return batch
 }
 
-// itemFailed aborts a batch transaction because item i's effect failed:
-// that item gets its own error, the others run one by one.
-type itemFailed struct {
-	i   int
-	err error
+// ItemError is the error of one item of a batch: a BatchEffect returns it
+// to say that item Index's effect failed with Err. That item is Failed with
+// Err, just as if it had been handled alone (a permanent Err parks it; any
+// other leaves it for redelivery), and the others run one at a time.
+type ItemError struct {
+	Index int // in the items given to HandleBatch or HandleBatchWith
+	Err   error
 }
 
-func (f *itemFailed) Error() string { return fmt.Sprintf("idempotent: batch item %d: %v", f.i, f.err) }
-func (f *itemFailed) Unwrap() error { return f.err }
+func (f *ItemError) Error() string {
+	return fmt.Sprintf("idempotent: batch item %d: %v", f.Index, f.Err)
+}
+func (f *ItemError) Unwrap() error { return f.Err }
+
+// BatchEffect applies the effects of a whole batch at once, in the batch's
+// transaction, for effects that are cheaper set-based (one statement for
+// every message) than one by one. fresh holds the indexes, in the items
+// given to HandleBatchWith, of the messages to apply: the first copy of
+// each key the batch's claim inserted, in the items' order. Duplicates,
+// conflicts and expired copies are never in fresh.
+//
+// It must write exactly what the fresh items' own Effects would have, or
+// return an error: then the transaction rolls back, nothing of the batch
+// stays, and the items run one at a time through Handle with their own
+// Effect (an *ItemError names the item to fail instead of re-running it).
+// Each item's context is items[i].Ctx, for a trace span or an outbox row's
+// trace context. Like an Effect, it must not commit or roll back tx.
+type BatchEffect func(ctx context.Context, tx pgx.Tx, fresh []int) error
 
 // HandleBatch is Handle for up to a receive's worth of messages at once: one
 // multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING claims every new key,
@@ -53,6 +73,15 @@ func (f *itemFailed) Unwrap() error { return f.err }
 // Outcomes and errors come back in items' order; ack exactly the items
 // whose Outcome is Done.
 func (c *Consumer) HandleBatch(ctx context.Context, items []Item) ([]Outcome, []error) {
+	return c.HandleBatchWith(ctx, items, nil)
+}
+
+// HandleBatchWith is HandleBatch with the fresh items applied by one call of
+// apply instead of one call of each item's Effect; the claim, the outcomes,
+// the fallback and the guarantees are HandleBatch's. Each Item.Effect must
+// still be set: it is what runs when the batch falls back to one message at
+// a time. A nil apply is HandleBatch.
+func (c *Consumer) HandleBatchWith(ctx context.Context, items []Item, apply BatchEffect) ([]Outcome, []error) {
 	outs := make([]Outcome, len(items))
 	errs := make([]error, len(items))
 	var live []int // indexes still to decide
@@ -68,13 +97,13 @@ func (c *Consumer) HandleBatch(ctx context.Context, items []Item) ([]Outcome, []
 		live = append(live, i)
 	}
 	if len(live) > 0 {
-		_, err := c.retry(ctx, func() (Outcome, error) { return c.batchTx(ctx, items, live, outs, errs) })
+		_, err := c.retry(ctx, func() (Outcome, error) { return c.batchTx(ctx, items, live, outs, errs, apply) })
 		if err != nil {
 			culprit := -1
-			var f *itemFailed
+			var f *ItemError
 			if errors.As(err, &f) {
-				culprit = f.i
-				outs[f.i], errs[f.i] = Failed, f.err
+				culprit = f.Index
+				outs[f.Index], errs[f.Index] = Failed, f.Err
 			} else {
 				c.log.WarnContext(ctx, "batch failed: applying its messages one at a time", "consumer", c.name, "messages", len(live), "error", err)
 			}
@@ -93,7 +122,7 @@ func (c *Consumer) HandleBatch(ctx context.Context, items []Item) ([]Outcome, []
 
 // batchTx runs one attempt of the batch. It fills outs/errs for live items
 // only when it commits (or when nothing needs committing).
-func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs []Outcome, errs []error) (Outcome, error) {
+func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs []Outcome, errs []error, apply BatchEffect) (Outcome, error) {
 	ids := make([]uuid.UUID, len(live))
 	hashes := make([][]byte, len(live))
 	for k, i := range live {
@@ -125,14 +154,17 @@ func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs [
 		}
 	}
 	decided := make([]Outcome, len(live))
+	var toApply []int // for apply
 	for k, i := range live {
 		id := ids[k]
 		if fresh[id] {
 			// The first copy of an id in the batch applies it; any later
 			// copy in the same batch is judged against it below.
 			delete(fresh, id)
-			if err := items[i].Effect(items[i].ctx(ctx), tx); err != nil {
-				return Failed, &itemFailed{i: i, err: err}
+			if apply != nil {
+				toApply = append(toApply, i)
+			} else if err := items[i].Effect(items[i].ctx(ctx), tx); err != nil {
+				return Failed, &ItemError{Index: i, Err: err}
 			}
 			decided[k] = Applied
 			if known == nil {
@@ -149,6 +181,16 @@ func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs [
 			decided[k] = Duplicate
 		default:
 			decided[k] = Conflict
+		}
+	}
+	if len(toApply) > 0 {
+		if err := apply(ctx, tx, toApply); err != nil {
+			var f *ItemError
+			if errors.As(err, &f) && !slices.Contains(toApply, f.Index) {
+				// Not an item it was given: fail none, fall back for all.
+				return Failed, fmt.Errorf("idempotent: batch effect blamed item %d, which it was not given: %w", f.Index, f.Err)
+			}
+			return Failed, err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {

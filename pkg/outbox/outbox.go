@@ -49,20 +49,43 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // so adding the same event twice fails on the primary key rather than
 // publishing it twice.
 func Add(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
+	args, err := addArgs(ctx, e)
+	if err != nil {
+		return err
+	}
+	if _, err = tx.Exec(ctx, addSQL, args...); err != nil {
+		return fmt.Errorf("outbox: add %s %s: %w", e.EventType, e.EventID, err)
+	}
+	return nil
+}
+
+// QueueAdd queues on b the INSERT that Add runs, so that it travels in one
+// round trip with the caller's other statements: send b in the
+// transaction that must carry the event (tx.SendBatch), and the event
+// exists exactly when that transaction commits. The statement's result is
+// read in its turn, as every other of b's; a failed insert fails the batch.
+// ctx gives the row its trace context, as for Add.
+func QueueAdd(ctx context.Context, b *pgx.Batch, e events.Envelope) error {
+	args, err := addArgs(ctx, e)
+	if err != nil {
+		return err
+	}
+	b.Queue(addSQL, args...)
+	return nil
+}
+
+const addSQL = `INSERT INTO outbox (id, aggregate_id, aggregate_version, event_type, payload, headers, occurred_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7)`
+
+func addArgs(ctx context.Context, e events.Envelope) ([]any, error) {
 	if err := e.Validate(); err != nil {
-		return fmt.Errorf("outbox: %w", err)
+		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	headers := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, headers)
 	h, err := json.Marshal(headers)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_id, aggregate_version, event_type, payload, headers, occurred_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-		e.EventID, e.AggregateID, e.AggregateVersion, e.EventType, []byte(e.Payload), h, e.OccurredAt)
-	if err != nil {
-		return fmt.Errorf("outbox: add %s %s: %w", e.EventType, e.EventID, err)
-	}
-	return nil
+	return []any{e.EventID, e.AggregateID, e.AggregateVersion, e.EventType, []byte(e.Payload), h, e.OccurredAt}, nil
 }

@@ -156,3 +156,60 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 	}
 	return reflect.DeepEqual(x, y)
 }
+
+// QueueAdd puts the row in the caller's pgx.Batch: it is written when the
+// batch is sent in a transaction and exists exactly when that transaction
+// commits, with the trace context of its ctx, as Add's rows are; an invalid
+// event queues nothing.
+func TestQueueAddWritesWithTheBatchInTheCallersTransaction(t *testing.T) {
+	pool := setup(t)
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ctx, span := tp.Tracer("test").Start(context.Background(), "apply batch")
+	defer span.End()
+
+	send := func(commit bool, es ...events.Envelope) {
+		t.Helper()
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue(`SELECT 1`)
+			for _, e := range es {
+				if err := outbox.QueueAdd(ctx, b, e); err != nil {
+					return err
+				}
+			}
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+			if !commit {
+				return errors.New("roll back")
+			}
+			return nil
+		})
+		if commit && err != nil {
+			t.Fatal(err)
+		}
+	}
+	rolled, kept1, kept2 := newEvent(t, 1), newEvent(t, 2), newEvent(t, 3)
+	send(false, rolled)
+	send(true, kept1, kept2)
+	var ids []string
+	rows, err := pool.Query(ctx, `SELECT id::text FROM outbox WHERE headers->>'traceparent' LIKE '00-'||$1||'-%' ORDER BY id`,
+		span.SpanContext().TraceID().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{kept1.EventID.String(), kept2.EventID.String()}; !reflect.DeepEqual(ids, want) {
+		t.Fatalf("rows with the batch's trace context: %v, want %v (the rolled-back one absent)", ids, want)
+	}
+
+	bad := newEvent(t, 4)
+	bad.EventType = ""
+	b := &pgx.Batch{}
+	if err := outbox.QueueAdd(ctx, b, bad); err == nil || b.Len() != 0 {
+		t.Fatalf("invalid event: err %v, %d statements queued; want an error and none", err, b.Len())
+	}
+}

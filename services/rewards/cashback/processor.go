@@ -128,7 +128,18 @@ func (p *Processor) HandleBatchDeliveries(ctx context.Context, ds []sqstransport
 	if len(items) == 0 {
 		return errs
 	}
-	outs, ierrs := p.consumer.HandleBatch(ctx, items)
+	outs, ierrs := p.consumer.HandleBatchWith(ctx, items, func(ctx context.Context, tx pgx.Tx, fresh []int) error {
+		batch := make([]batchItem, len(fresh))
+		for k, i := range fresh {
+			batch[k] = batchItem{ctx: items[i].Ctx, eff: effs[at[i]]}
+		}
+		err := applyAll(ctx, tx, batch)
+		var f *idempotent.ItemError
+		if errors.As(err, &f) {
+			f.Index = fresh[f.Index] // from batch's index to items'
+		}
+		return err
+	})
 	for k, i := range at {
 		errs[i] = p.finish(items[k].Ctx, effs[i], outs[k], ierrs[k])
 	}
@@ -140,17 +151,19 @@ type effect struct {
 	p     *Processor
 	e     events.Envelope
 	apply apply
-	res   Result
+	pay   *PaymentPayload // decoded, for applyAll
+
+	res Result
 }
 
 // effect decodes e and picks its effect; the error is permanent.
 func (p *Processor) effect(ctx context.Context, e events.Envelope) (*effect, error) {
-	apply, err := p.effectFor(e)
+	apply, pay, err := p.effectFor(e)
 	if err != nil {
 		p.log.ErrorContext(ctx, "payment event refused", "event_id", e.EventID, "event_type", e.EventType, "error", err)
 		return nil, sqstransport.Permanent(err)
 	}
-	return &effect{p: p, e: e, apply: apply}, nil
+	return &effect{p: p, e: e, apply: apply, pay: pay}, nil
 }
 
 // run is the idempotent.Effect. It may run more than once (a batch that
@@ -204,23 +217,24 @@ func (p *Processor) finish(ctx context.Context, f *effect, out idempotent.Outcom
 // apply is the body of one event's transaction, after the dedupe row.
 type apply func(ctx context.Context, tx pgx.Tx) (Result, error)
 
-// effectFor decodes e and picks its effect; an error is permanent.
-func (p *Processor) effectFor(e events.Envelope) (apply, error) {
+// effectFor decodes e and picks its effect, and returns its payload; an
+// error is permanent.
+func (p *Processor) effectFor(e events.Envelope) (apply, *PaymentPayload, error) {
 	switch e.EventType {
 	case contract.PaymentSucceeded:
 		pay, err := decodePayment(e, true)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return func(ctx context.Context, tx pgx.Tx) (Result, error) { return credit(ctx, tx, e, pay) }, nil
+		return func(ctx context.Context, tx pgx.Tx) (Result, error) { return credit(ctx, tx, e, pay) }, &pay, nil
 	case contract.PaymentRefunded:
 		pay, err := decodePayment(e, false)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return func(ctx context.Context, tx pgx.Tx) (Result, error) { return reverse(ctx, tx, e, pay) }, nil
+		return func(ctx context.Context, tx pgx.Tx) (Result, error) { return reverse(ctx, tx, e, pay) }, &pay, nil
 	default:
-		return nil, fmt.Errorf("rewards does not handle event type %q", e.EventType)
+		return nil, nil, fmt.Errorf("rewards does not handle event type %q", e.EventType)
 	}
 }
 
@@ -292,15 +306,21 @@ func credit(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPayloa
 	if err := moveWallet(ctx, tx, pay.UserID, amount); err != nil {
 		return "", err
 	}
-	ev, err := events.New(contract.CashbackCredited, pay.PaymentID, creditedVersion, CreditedPayload{
-		PaymentID: pay.PaymentID, UserID: pay.UserID, AmountPaise: amount, RateBP: rate,
-		PaymentAmountPaise: pay.AmountPaise, Currency: Currency, Recipient: pay.recipient(),
-		SourceEventID: e.EventID.String(),
-	})
+	ev, err := creditedEvent(e, pay, rate, amount)
 	if err != nil {
 		return "", err
 	}
 	return Credited, outbox.Add(ctx, tx, ev)
+}
+
+// creditedEvent is the CashbackCredited of a credit of amount at rate for
+// the PaymentSucceeded e.
+func creditedEvent(e events.Envelope, pay PaymentPayload, rate int, amount int64) (events.Envelope, error) {
+	return events.New(contract.CashbackCredited, pay.PaymentID, creditedVersion, CreditedPayload{
+		PaymentID: pay.PaymentID, UserID: pay.UserID, AmountPaise: amount, RateBP: rate,
+		PaymentAmountPaise: pay.AmountPaise, Currency: Currency, Recipient: pay.recipient(),
+		SourceEventID: e.EventID.String(),
+	})
 }
 
 // reverse applies PaymentRefunded: the whole credit is reversed (partial

@@ -1,0 +1,233 @@
+package cashback
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+	"github.com/effectively-once/payments-cashback/pkg/outbox"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+	"github.com/effectively-once/payments-cashback/services/contract"
+)
+
+// batchItem is one fresh event of a batch and the context of its delivery.
+type batchItem struct {
+	ctx context.Context
+	eff *effect
+}
+
+// applyAll is the idempotent.BatchEffect of a receive: it writes what each
+// event's own effect would, in far fewer statements. The common case, a
+// PaymentSucceeded for a payment this service has never seen, is applied
+// set-based: one round trip records every such payment and reads every
+// rate, one more writes every credit, the wallets (one row per user, the
+// sum of its credits) and every CashbackCredited. Everything else (a
+// refund, a payment seen before, two events of one payment in the batch)
+// runs its own effect, in batch order among the events of its payment, so
+// the outcome is the one-at-a-time outcome: events of different payments
+// touch different rows except the wallets, whose additions commute.
+//
+// An error names the failing item (an *idempotent.ItemError indexing
+// batch) when there is one; any error rolls the whole batch back and the
+// consumer falls back to one event at a time.
+func applyAll(ctx context.Context, tx pgx.Tx, batch []batchItem) error {
+	perPayment := make(map[string]int, len(batch))
+	for _, b := range batch {
+		perPayment[b.eff.pay.PaymentID]++
+	}
+	var set, rest []int // indexes in batch
+	for k, b := range batch {
+		if b.eff.e.EventType == contract.PaymentSucceeded && perPayment[b.eff.pay.PaymentID] == 1 {
+			set = append(set, k)
+		} else {
+			rest = append(rest, k)
+		}
+	}
+	// Rows are locked in payment order (and wallets in user order), so two
+	// batches never wait on each other in a cycle over these statements.
+	slices.SortFunc(set, func(a, b int) int { return cmp.Compare(batch[a].eff.pay.PaymentID, batch[b].eff.pay.PaymentID) })
+	seen, err := creditNew(ctx, tx, batch, set)
+	if err != nil {
+		return err
+	}
+	for _, k := range set {
+		if seen[k] {
+			rest = append(rest, k) // the payment has a history: its own effect reads it
+		}
+	}
+	slices.Sort(rest)
+	for _, k := range rest {
+		b := batch[k]
+		r, err := b.eff.apply(b.ctx, tx)
+		if err != nil {
+			return &idempotent.ItemError{Index: k, Err: err}
+		}
+		b.eff.res = r
+	}
+	// The test hook fails after every write of the batch, as it does after
+	// every write of one effect.
+	for k, b := range batch {
+		if b.eff.p.fail != nil {
+			if err := b.eff.p.fail.Check(b.eff.e.EventID); err != nil {
+				return &idempotent.ItemError{Index: k, Err: err}
+			}
+		}
+	}
+	return nil
+}
+
+// creditNew credits, set-based, the PaymentSucceeded events batch[set]
+// whose payment has no row in payment_versions yet, and returns the others
+// (seen[k]: the payment has a history, nothing was written for it).
+func creditNew(ctx context.Context, tx pgx.Tx, batch []batchItem, set []int) (seen map[int]bool, err error) {
+	if len(set) == 0 {
+		return nil, nil
+	}
+	n := len(set)
+	pays, versions, ids, at := make([]string, n), make([]int64, n), make([]uuid.UUID, n), make([]time.Time, n)
+	for j, k := range set {
+		e := batch[k].eff.e
+		pays[j], versions[j], ids[j], at[j] = batch[k].eff.pay.PaymentID, e.AggregateVersion, e.EventID, e.OccurredAt
+	}
+	// Round trip 1: record the payments (the INSERT that serialises every
+	// event of a payment, as lockPayment's does) and read the rate in force
+	// at each event's occurred_at (rule 4 of docs/design.md).
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO payment_versions (payment_id, status, version, last_event_id)
+		SELECT p, 'SUCCEEDED', v, id FROM unnest($1::text[], $2::int8[], $3::uuid[]) WITH ORDINALITY AS t(p, v, id, n)
+		ORDER BY n
+		ON CONFLICT (payment_id) DO NOTHING RETURNING payment_id`, pays, versions, ids)
+	b.Queue(`SELECT (SELECT rate_bp FROM cashback_rates WHERE effective_from <= t.at ORDER BY effective_from DESC LIMIT 1)
+		FROM unnest($1::timestamptz[]) WITH ORDINALITY AS t(at, n) ORDER BY n`, at)
+	br := tx.SendBatch(ctx, b)
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return nil, fmt.Errorf("record payment versions: %w", err)
+	}
+	recorded, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		br.Close()
+		return nil, fmt.Errorf("record payment versions: %w", err)
+	}
+	rows, err = br.Query()
+	if err != nil {
+		br.Close()
+		return nil, fmt.Errorf("read rates: %w", err)
+	}
+	rates, err := pgx.CollectRows(rows, pgx.RowTo[*int])
+	if err != nil {
+		br.Close()
+		return nil, fmt.Errorf("read rates: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return nil, err
+	}
+	if len(rates) != n {
+		return nil, fmt.Errorf("read rates: %d rows for %d events", len(rates), n)
+	}
+	isNew := make(map[string]bool, len(recorded))
+	for _, p := range recorded {
+		isNew[p] = true
+	}
+
+	// Round trip 2: the credits, the wallets and the events.
+	var c struct {
+		pays, users, recipients []string
+		paid, amounts, versions []int64
+		rates                   []int32
+		ids                     []uuid.UUID
+		at                      []time.Time
+	}
+	wallet := map[string]int64{}
+	b = &pgx.Batch{}
+	var credited []int
+	for j, k := range set {
+		f := batch[k].eff
+		if !isNew[pays[j]] {
+			if seen == nil {
+				seen = map[int]bool{}
+			}
+			seen[k] = true
+			continue
+		}
+		if rates[j] == nil {
+			return nil, &idempotent.ItemError{Index: k, Err: fmt.Errorf("%w (%s)", ErrNoRate, f.e.OccurredAt.Format(time.RFC3339Nano))}
+		}
+		amount, err := Amount(f.pay.AmountPaise, *rates[j])
+		if err != nil {
+			return nil, &idempotent.ItemError{Index: k, Err: sqstransport.Permanent(err)}
+		}
+		ev, err := creditedEvent(f.e, *f.pay, *rates[j], amount)
+		if err != nil {
+			return nil, &idempotent.ItemError{Index: k, Err: err}
+		}
+		if err := outbox.QueueAdd(batch[k].ctx, b, ev); err != nil {
+			return nil, &idempotent.ItemError{Index: k, Err: err}
+		}
+		c.pays, c.users, c.recipients = append(c.pays, pays[j]), append(c.users, f.pay.UserID), append(c.recipients, f.pay.recipient())
+		c.paid, c.amounts, c.versions = append(c.paid, f.pay.AmountPaise), append(c.amounts, amount), append(c.versions, f.e.AggregateVersion)
+		c.rates, c.ids, c.at = append(c.rates, int32(*rates[j])), append(c.ids, f.e.EventID), append(c.at, f.e.OccurredAt)
+		wallet[f.pay.UserID] += amount
+		credited = append(credited, k)
+	}
+	if len(credited) == 0 {
+		return seen, nil
+	}
+	users := make([]string, 0, len(wallet))
+	for u := range wallet {
+		users = append(users, u)
+	}
+	slices.Sort(users)
+	deltas := make([]int64, len(users))
+	for i, u := range users {
+		deltas[i] = wallet[u]
+	}
+	nEvents := b.Len()
+	b.Queue(`INSERT INTO cashback_credits
+		(payment_id, user_id, recipient, payment_amount_paise, currency, rate_bp, amount_paise, event_id, payment_version, occurred_at)
+		SELECT p, u, r, pa, $5, rb, a, id, v, at
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $6::int4[], $7::int8[], $8::uuid[], $9::int8[], $10::timestamptz[])
+			WITH ORDINALITY AS t(p, u, r, pa, rb, a, id, v, at, n)
+		ORDER BY n
+		ON CONFLICT (payment_id) DO NOTHING`,
+		c.pays, c.users, c.recipients, c.paid, Currency, c.rates, c.amounts, c.ids, c.versions, c.at)
+	b.Queue(`INSERT INTO wallets (user_id, balance_paise)
+		SELECT u, d FROM unnest($1::text[], $2::int8[]) WITH ORDINALITY AS t(u, d, n) ORDER BY n
+		ON CONFLICT (user_id) DO UPDATE SET balance_paise = wallets.balance_paise + EXCLUDED.balance_paise, updated_at = now()`,
+		users, deltas)
+	br = tx.SendBatch(ctx, b)
+	for range nEvents {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, fmt.Errorf("add CashbackCredited: %w", err)
+		}
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		br.Close()
+		return nil, fmt.Errorf("insert credits: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, fmt.Errorf("move wallets: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return nil, err
+	}
+	if tag.RowsAffected() != int64(len(credited)) {
+		// A payment with no recorded version but a credit: impossible
+		// while both commit together; let each event's own effect decide.
+		return nil, fmt.Errorf("insert credits: %d of %d inserted", tag.RowsAffected(), len(credited))
+	}
+	for _, k := range credited {
+		batch[k].eff.res = Credited
+	}
+	return seen, nil
+}
