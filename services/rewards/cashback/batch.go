@@ -4,12 +4,14 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
@@ -89,68 +91,14 @@ func creditNew(ctx context.Context, tx pgx.Tx, batch []batchItem, set []int) (se
 	if len(set) == 0 {
 		return nil, nil
 	}
-	n := len(set)
-	pays, versions, ids, at := make([]string, n), make([]int64, n), make([]uuid.UUID, n), make([]time.Time, n)
-	for j, k := range set {
-		e := batch[k].eff.e
-		pays[j], versions[j], ids[j], at[j] = batch[k].eff.pay.PaymentID, e.AggregateVersion, e.EventID, e.OccurredAt
-	}
-	// Round trip 1: record the payments (the INSERT that serialises every
-	// event of a payment, as lockPayment's does) and read the rate in force
-	// at each event's occurred_at (rule 4 of docs/design.md).
-	b := &pgx.Batch{}
-	b.Queue(`INSERT INTO payment_versions (payment_id, status, version, last_event_id)
-		SELECT p, 'SUCCEEDED', v, id FROM unnest($1::text[], $2::int8[], $3::uuid[]) WITH ORDINALITY AS t(p, v, id, n)
-		ORDER BY n
-		ON CONFLICT (payment_id) DO NOTHING RETURNING payment_id`, pays, versions, ids)
-	b.Queue(`SELECT (SELECT rate_bp FROM cashback_rates WHERE effective_from <= t.at ORDER BY effective_from DESC LIMIT 1)
-		FROM unnest($1::timestamptz[]) WITH ORDINALITY AS t(at, n) ORDER BY n`, at)
-	br := tx.SendBatch(ctx, b)
-	rows, err := br.Query()
+	isNew, rates, err := recordPayments(ctx, tx, batch, set)
 	if err != nil {
-		br.Close()
-		return nil, fmt.Errorf("record payment versions: %w", err)
-	}
-	recorded, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		br.Close()
-		return nil, fmt.Errorf("record payment versions: %w", err)
-	}
-	rows, err = br.Query()
-	if err != nil {
-		br.Close()
-		return nil, fmt.Errorf("read rates: %w", err)
-	}
-	rates, err := pgx.CollectRows(rows, pgx.RowTo[*int])
-	if err != nil {
-		br.Close()
-		return nil, fmt.Errorf("read rates: %w", err)
-	}
-	if err := br.Close(); err != nil {
 		return nil, err
 	}
-	if len(rates) != n {
-		return nil, fmt.Errorf("read rates: %d rows for %d events", len(rates), n)
-	}
-	isNew := make(map[string]bool, len(recorded))
-	for _, p := range recorded {
-		isNew[p] = true
-	}
-
-	// Round trip 2: the credits, the wallets and the events.
-	var c struct {
-		pays, users, recipients []string
-		paid, amounts, versions []int64
-		rates                   []int32
-		ids                     []uuid.UUID
-		at                      []time.Time
-	}
-	wallet := map[string]int64{}
-	b = &pgx.Batch{}
-	var credited []int
+	var credits []newCredit
 	for j, k := range set {
 		f := batch[k].eff
-		if !isNew[pays[j]] {
+		if !isNew[f.pay.PaymentID] {
 			if seen == nil {
 				seen = map[int]bool{}
 			}
@@ -160,36 +108,108 @@ func creditNew(ctx context.Context, tx pgx.Tx, batch []batchItem, set []int) (se
 		if rates[j] == nil {
 			return nil, &idempotent.ItemError{Index: k, Err: fmt.Errorf("%w (%s)", ErrNoRate, f.e.OccurredAt.Format(time.RFC3339Nano))}
 		}
-		amount, err := Amount(f.pay.AmountPaise, *rates[j])
-		if err != nil {
+		c := newCredit{item: batch[k], rate: *rates[j]}
+		if c.amount, err = Amount(f.pay.AmountPaise, c.rate); err != nil {
 			return nil, &idempotent.ItemError{Index: k, Err: sqstransport.Permanent(err)}
 		}
-		ev, err := creditedEvent(f.e, *f.pay, *rates[j], amount)
-		if err != nil {
+		if c.event, err = creditedEvent(f.e, *f.pay, c.rate, c.amount); err != nil {
 			return nil, &idempotent.ItemError{Index: k, Err: err}
 		}
-		if err := outbox.QueueAdd(batch[k].ctx, b, ev); err != nil {
-			return nil, &idempotent.ItemError{Index: k, Err: err}
+		credits = append(credits, c)
+	}
+	if err := writeCredits(ctx, tx, credits); err != nil {
+		return nil, err
+	}
+	for _, c := range credits {
+		c.item.eff.res = Credited
+	}
+	return seen, nil
+}
+
+// recordPayments is creditNew's first round trip: it records the payments
+// of batch[set] that have no history (the INSERT that serialises every
+// event of a payment, as lockPayment's does) and reads the rate in force at
+// each event's occurred_at (rule 4 of docs/design.md; nil: none).
+func recordPayments(ctx context.Context, tx pgx.Tx, batch []batchItem, set []int) (isNew map[string]bool, rates []*int, err error) {
+	n := len(set)
+	pays, versions, ids, at := make([]string, n), make([]int64, n), make([]uuid.UUID, n), make([]time.Time, n)
+	for j, k := range set {
+		e := batch[k].eff.e
+		pays[j], versions[j], ids[j], at[j] = batch[k].eff.pay.PaymentID, e.AggregateVersion, e.EventID, e.OccurredAt
+	}
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO payment_versions (payment_id, status, version, last_event_id)
+		SELECT p, 'SUCCEEDED', v, id FROM unnest($1::text[], $2::int8[], $3::uuid[]) WITH ORDINALITY AS t(p, v, id, n)
+		ORDER BY n
+		ON CONFLICT (payment_id) DO NOTHING RETURNING payment_id`, pays, versions, ids)
+	b.Queue(`SELECT (SELECT rate_bp FROM cashback_rates WHERE effective_from <= t.at ORDER BY effective_from DESC LIMIT 1)
+		FROM unnest($1::timestamptz[]) WITH ORDINALITY AS t(at, n) ORDER BY n`, at)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, fmt.Errorf("record payment versions: %w", err)
+	}
+	recorded, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, nil, fmt.Errorf("record payment versions: %w", err)
+	}
+	if rows, err = br.Query(); err != nil {
+		return nil, nil, fmt.Errorf("read rates: %w", err)
+	}
+	if rates, err = pgx.CollectRows(rows, pgx.RowTo[*int]); err != nil {
+		return nil, nil, fmt.Errorf("read rates: %w", err)
+	}
+	if len(rates) != n {
+		return nil, nil, fmt.Errorf("read rates: %d rows for %d events", len(rates), n)
+	}
+	isNew = make(map[string]bool, len(recorded))
+	for _, p := range recorded {
+		isNew[p] = true
+	}
+	return isNew, rates, br.Close()
+}
+
+// newCredit is one credit creditNew writes.
+type newCredit struct {
+	item   batchItem
+	rate   int
+	amount int64
+	event  events.Envelope // its CashbackCredited
+}
+
+// writeCredits is creditNew's second round trip: every credit, the wallets
+// (one row per user, the sum of its credits, in user order) and every
+// CashbackCredited.
+func writeCredits(ctx context.Context, tx pgx.Tx, credits []newCredit) error {
+	if len(credits) == 0 {
+		return nil
+	}
+	n := len(credits)
+	var (
+		pays, users, recipients = make([]string, n), make([]string, n), make([]string, n)
+		paid, amounts, versions = make([]int64, n), make([]int64, n), make([]int64, n)
+		rates                   = make([]int32, n)
+		ids                     = make([]uuid.UUID, n)
+		at                      = make([]time.Time, n)
+	)
+	wallet := map[string]int64{}
+	b := &pgx.Batch{}
+	for i, c := range credits {
+		f := c.item.eff
+		if err := outbox.QueueAdd(c.item.ctx, b, c.event); err != nil {
+			return err
 		}
-		c.pays, c.users, c.recipients = append(c.pays, pays[j]), append(c.users, f.pay.UserID), append(c.recipients, f.pay.recipient())
-		c.paid, c.amounts, c.versions = append(c.paid, f.pay.AmountPaise), append(c.amounts, amount), append(c.versions, f.e.AggregateVersion)
-		c.rates, c.ids, c.at = append(c.rates, int32(*rates[j])), append(c.ids, f.e.EventID), append(c.at, f.e.OccurredAt)
-		wallet[f.pay.UserID] += amount
-		credited = append(credited, k)
+		pays[i], users[i], recipients[i] = f.pay.PaymentID, f.pay.UserID, f.pay.recipient()
+		paid[i], amounts[i], versions[i] = f.pay.AmountPaise, c.amount, f.e.AggregateVersion
+		rates[i], ids[i], at[i] = int32(c.rate), f.e.EventID, f.e.OccurredAt
+		wallet[f.pay.UserID] += c.amount
 	}
-	if len(credited) == 0 {
-		return seen, nil
-	}
-	users := make([]string, 0, len(wallet))
-	for u := range wallet {
-		users = append(users, u)
-	}
-	slices.Sort(users)
-	deltas := make([]int64, len(users))
-	for i, u := range users {
+	walletUsers := slices.Sorted(maps.Keys(wallet))
+	deltas := make([]int64, len(walletUsers))
+	for i, u := range walletUsers {
 		deltas[i] = wallet[u]
 	}
-	nEvents := b.Len()
 	b.Queue(`INSERT INTO cashback_credits
 		(payment_id, user_id, recipient, payment_amount_paise, currency, rate_bp, amount_paise, event_id, payment_version, occurred_at)
 		SELECT p, u, r, pa, $5, rb, a, id, v, at
@@ -197,37 +217,29 @@ func creditNew(ctx context.Context, tx pgx.Tx, batch []batchItem, set []int) (se
 			WITH ORDINALITY AS t(p, u, r, pa, rb, a, id, v, at, n)
 		ORDER BY n
 		ON CONFLICT (payment_id) DO NOTHING`,
-		c.pays, c.users, c.recipients, c.paid, Currency, c.rates, c.amounts, c.ids, c.versions, c.at)
+		pays, users, recipients, paid, Currency, rates, amounts, ids, versions, at)
 	b.Queue(`INSERT INTO wallets (user_id, balance_paise)
 		SELECT u, d FROM unnest($1::text[], $2::int8[]) WITH ORDINALITY AS t(u, d, n) ORDER BY n
 		ON CONFLICT (user_id) DO UPDATE SET balance_paise = wallets.balance_paise + EXCLUDED.balance_paise, updated_at = now()`,
-		users, deltas)
-	br = tx.SendBatch(ctx, b)
-	for range nEvents {
+		walletUsers, deltas)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	for range n {
 		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return nil, fmt.Errorf("add CashbackCredited: %w", err)
+			return fmt.Errorf("add CashbackCredited: %w", err)
 		}
 	}
 	tag, err := br.Exec()
 	if err != nil {
-		br.Close()
-		return nil, fmt.Errorf("insert credits: %w", err)
+		return fmt.Errorf("insert credits: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
-		br.Close()
-		return nil, fmt.Errorf("move wallets: %w", err)
+		return fmt.Errorf("move wallets: %w", err)
 	}
-	if err := br.Close(); err != nil {
-		return nil, err
-	}
-	if tag.RowsAffected() != int64(len(credited)) {
+	if tag.RowsAffected() != int64(n) {
 		// A payment with no recorded version but a credit: impossible
 		// while both commit together; let each event's own effect decide.
-		return nil, fmt.Errorf("insert credits: %d of %d inserted", tag.RowsAffected(), len(credited))
+		return fmt.Errorf("insert credits: %d of %d inserted", tag.RowsAffected(), n)
 	}
-	for _, k := range credited {
-		batch[k].eff.res = Credited
-	}
-	return seen, nil
+	return br.Close()
 }
