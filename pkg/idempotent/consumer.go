@@ -166,27 +166,22 @@ func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outc
 			return Failed, err
 		}
 		defer tx.Rollback(context.WithoutCancel(ctx))
-		// The claim and the read of the key's hash go in one round trip: a
-		// duplicate then costs BEGIN, this, ROLLBACK. The SELECT is a new
-		// statement, so after waiting on a concurrent claim it sees that
-		// claim's committed row; for a new message it reads our own row.
-		b := &pgx.Batch{}
-		b.Queue(`INSERT INTO processed_messages (consumer, message_id, payload_hash)
+		// A new message (the common case) costs only the claim: BEGIN,
+		// this INSERT, the effect, COMMIT. A duplicate costs one more
+		// statement, the read of the committed key's hash; being a new
+		// statement, it sees the row of a concurrent claim the INSERT
+		// waited for.
+		tag, err := tx.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, payload_hash)
 			VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, c.name, msg.EventID, msg.Hash)
-		b.Queue(`SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_id = $2`, c.name, msg.EventID)
-		br := tx.SendBatch(ctx, b)
-		tag, err := br.Exec()
-		var hash []byte
-		if err == nil {
-			err = br.QueryRow().Scan(&hash)
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
 		if err != nil {
 			return Failed, err
 		}
 		if tag.RowsAffected() == 0 {
+			var hash []byte
+			if err := tx.QueryRow(ctx, `SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_id = $2`,
+				c.name, msg.EventID).Scan(&hash); err != nil {
+				return Failed, fmt.Errorf("idempotent: read the hash of key %s: %w", msg.EventID, err)
+			}
 			if !bytes.Equal(hash, msg.Hash) {
 				return Conflict, ErrConflict
 			}
