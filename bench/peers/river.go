@@ -74,7 +74,11 @@ const (
 	inserters          = 8
 )
 
-func riverRound(ctx context.Context, run string, n int) (result, error) {
+// riverRound inserts n jobs, 8 at once, and waits until every one was
+// worked. rate 0 inserts them as fast as the inserters go (throughput);
+// rate > 0 offers them at that many per second (latency at a load both
+// sides carry).
+func riverRound(ctx context.Context, run string, n int, rate float64) (result, error) {
 	pool, drop, err := freshDB(ctx, run, "river", riverWorkers+inserters+4)
 	if err != nil {
 		return result{}, err
@@ -127,37 +131,22 @@ func riverRound(ctx context.Context, run string, n int) (result, error) {
 			UserID: fmt.Sprintf("u_%d", rand.IntN(10000)), Amount: 2400}
 	}
 	start := time.Now()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, inserters)
-	for range inserters {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n {
-					return
-				}
-				// InsertTx in the receiving transaction: the job commits
-				// with whatever the receiver writes.
-				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					_, err := client.InsertTx(ctx, tx, args[i], nil)
-					return err
-				}); err != nil {
-					errs <- err
-					return
-				}
-				now := time.Now()
-				mu.Lock()
-				committed[args[i].EventID] = now
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	select {
-	case err := <-errs:
+	// InsertTx in the receiving transaction: the job commits with whatever
+	// the receiver writes.
+	if err := feed(ctx, n, rate, inserters, func(i int) error {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := client.InsertTx(ctx, tx, args[i], nil)
+			return err
+		}); err != nil {
+			return err
+		}
+		now := time.Now()
+		mu.Lock()
+		committed[args[i].EventID] = now
+		mu.Unlock()
+		return nil
+	}); err != nil {
 		return result{}, err
-	default:
 	}
 	for nApplied.Load() < int64(n) {
 		select {
@@ -175,8 +164,8 @@ func riverRound(ctx context.Context, run string, n int) (result, error) {
 		}
 	}
 	mu.Unlock()
-	return result{Case: "river", Count: n, Seconds: el.Seconds(), Rate: float64(n) / el.Seconds(),
+	return result{Case: "river", Count: n, Offered: rate, Seconds: el.Seconds(), Rate: float64(n) / el.Seconds(),
 		P50ms: percentile(lat, 0.5), P99ms: percentile(lat, 0.99), Config: map[string]any{
 			"river": "v0.51.2", "driver": "riverpgxv5", "max_workers": riverWorkers, "fetch_cooldown": riverFetchCooldown.String(),
-			"fetch_poll_interval": riverFetchPoll.String(), "inserters": inserters, "completion": "JobCompleteTx in the effect's transaction"}}, nil
+			"fetch_poll_interval": riverFetchPoll.String(), "inserters": inserters, "offered_rate": rate, "completion": "JobCompleteTx in the effect's transaction"}}, nil
 }

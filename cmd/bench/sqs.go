@@ -360,7 +360,7 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 		}
 		if peerCmd != nil {
 			var res peerResult
-			use, err := cpuOf(func() (err error) { res, err = peerCmd.round(ctx, "watermill", per); return err })
+			use, err := cpuOf(func() (err error) { res, err = peerCmd.round(ctx, "watermill", per, 0); return err })
 			if err != nil {
 				return err
 			}
