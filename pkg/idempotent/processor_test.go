@@ -310,3 +310,57 @@ func TestProcessorCutsAHungHandlerAtItsDeadline(t *testing.T) {
 		t.Fatalf("inbox_handler_timeouts_total = %v, want 1", got)
 	}
 }
+
+// The claim's commit does not wait for its WAL flush (the apply's commit,
+// later in the WAL, flushes it), while the apply transaction, which holds
+// the effect and the DONE mark, commits with the server's
+// synchronous_commit: the effect is as durable as any other commit.
+func TestProcessorClaimCommitsAsynchronouslyTheEffectDoesNot(t *testing.T) {
+	pool := inboxSetup(t)
+	ctx := context.Background()
+	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
+	receive(t, in, keyedEvent(t, "cb_1", 1))
+	var inHandler string
+	p, err := in.NewProcessor(func(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
+		if err := tx.QueryRow(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&inHandler); err != nil {
+			return err
+		}
+		return record(ctx, tx, e)
+	}, idempotent.ProcessorConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := p.ClaimIn(ctx, tx)
+	if err != nil || n != 1 {
+		t.Fatalf("claim = %d, %v; want 1 row", n, err)
+	}
+	var inClaim string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&inClaim); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if inClaim != "off" {
+		t.Fatalf("synchronous_commit after the claim statement = %q, want off", inClaim)
+	}
+
+	if n, err := p.ProcessOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("ProcessOnce = %d, %v", n, err)
+	}
+	var server string
+	if err := pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&server); err != nil {
+		t.Fatal(err)
+	}
+	if inHandler != server {
+		t.Fatalf("synchronous_commit in the handler's transaction = %q, want the server's %q", inHandler, server)
+	}
+	if count(t, pool, `SELECT count(*) FROM applied`) != 1 {
+		t.Fatal("the effect was not applied")
+	}
+}
