@@ -475,51 +475,65 @@ func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
 	// that arrived between another claim's commit and its apply reaching
 	// this point) waits here for the other attempt to end; locking in hash
 	// order keeps two such waits from deadlocking.
+	//
+	// Then lock the rows for the rest of the attempt, and keep only those
+	// whose attempts still match the claim: a row claimed again meanwhile
+	// (our claim's backoff ran out before we got here) belongs to that
+	// claim. No SKIP LOCKED: a concurrent claim statement may hold a row's
+	// lock for a moment even though it does not take the row (it locks the
+	// newest version before re-checking that it is due), and skipping would
+	// drop our own row. The rows are locked in id order, as every batch does.
+	//
+	// Then the first row's savepoint: one savepoint per row, so a failing
+	// row undoes its own writes and nothing else. It costs one round trip
+	// per row: the savepoint for the next row is set in the same message
+	// that releases the last one, and ROLLBACK TO keeps the savepoint for
+	// the next row too.
+	//
+	// The three go in one batch, one round trip: each runs only once the
+	// one before it succeeded (a failure aborts the transaction, and the
+	// rest with it), so the order above holds.
 	keys := make([]string, len(claimed))
-	for i, r := range claimed {
-		keys[i] = r.OrderingKey
-	}
-	if _, err := tx.Exec(ctx, lockKeysSQL, pgx.NamedArgs{"consumer": p.in.consumer, "keys": keys}); err != nil {
-		return fmt.Errorf("idempotent: inbox %s: lock keys: %w", p.in.consumer, err)
-	}
-
 	ids := make([]uuid.UUID, len(claimed))
 	attempts := make([]int32, len(claimed))
 	for i, r := range claimed {
-		ids[i], attempts[i] = r.MessageID, int32(r.Attempts)
+		keys[i], ids[i], attempts[i] = r.OrderingKey, r.MessageID, int32(r.Attempts)
 	}
-	// Lock the rows for the rest of the attempt, and keep only those whose
-	// attempts still match the claim: a row claimed again meanwhile (our
-	// claim's backoff ran out before we got here) belongs to that claim.
-	// No SKIP LOCKED: a concurrent claim statement may hold a row's lock for
-	// a moment even though it does not take the row (it locks the newest
-	// version before re-checking that it is due), and skipping would drop
-	// our own row. The rows are locked in id order, as every batch does.
-	rows, err := tx.Query(ctx, `SELECT i.message_id FROM inbox i
+	b := &pgx.Batch{}
+	b.Queue(lockKeysSQL, pgx.NamedArgs{"consumer": p.in.consumer, "keys": keys})
+	b.Queue(`SELECT i.message_id FROM inbox i
 		JOIN unnest($2::uuid[], $3::int4[]) AS c(id, attempts) ON i.message_id = c.id
 		WHERE i.consumer = $1 AND i.status = 'PENDING' AND i.attempts = c.attempts
 		ORDER BY i.message_id
 		FOR UPDATE OF i`, p.in.consumer, ids, attempts)
+	b.Queue("SAVEPOINT inbox_row")
+	owned, err := func() (map[uuid.UUID]bool, error) {
+		br := tx.SendBatch(ctx, b)
+		defer br.Close()
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("idempotent: inbox %s: lock keys: %w", p.in.consumer, err)
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return nil, fmt.Errorf("idempotent: inbox %s: lock claimed rows: %w", p.in.consumer, err)
+		}
+		locked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			return nil, fmt.Errorf("idempotent: inbox %s: lock claimed rows: %w", p.in.consumer, err)
+		}
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("idempotent: inbox %s: savepoint: %w", p.in.consumer, err)
+		}
+		owned := make(map[uuid.UUID]bool, len(locked))
+		for _, id := range locked {
+			owned[id] = true
+		}
+		return owned, br.Close()
+	}()
 	if err != nil {
-		return fmt.Errorf("idempotent: inbox %s: lock claimed rows: %w", p.in.consumer, err)
+		return err
 	}
-	locked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return fmt.Errorf("idempotent: inbox %s: lock claimed rows: %w", p.in.consumer, err)
-	}
-	owned := make(map[uuid.UUID]bool, len(locked))
-	for _, id := range locked {
-		owned[id] = true
-	}
-
-	// One savepoint per row, so a failing row undoes its own writes and
-	// nothing else. It costs one round trip per row: the savepoint for the
-	// next row is set in the same message that releases the last one, and
-	// ROLLBACK TO keeps the savepoint for the next row too.
-	if _, err := tx.Exec(ctx, "SAVEPOINT inbox_row"); err != nil {
-		return fmt.Errorf("idempotent: inbox %s: savepoint: %w", p.in.consumer, err)
-	}
-	results := make([]result, 0, len(locked))
+	results := make([]result, 0, len(owned))
 	for i := range claimed {
 		r := &claimed[i]
 		if !owned[r.MessageID] {
