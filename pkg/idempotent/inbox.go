@@ -293,7 +293,7 @@ func (in *Inbox) receive(ctx context.Context, e events.Envelope, orderingKey str
 		return receivedFailed, fmt.Errorf("idempotent: inbox %s: store %s: %w", in.consumer, e.EventID, err)
 	}
 	if tag.RowsAffected() == 1 {
-		in.wake()
+		in.wake(1)
 		return receivedStored, nil
 	}
 	// 0 rows: the key is committed already (ON CONFLICT waited for any
@@ -337,7 +337,15 @@ func (in *Inbox) recordReceive(ctx context.Context, e events.Envelope, out recei
 // wake nudges this process's processors after a store, so a fresh row is
 // picked up without waiting for the next poll. It is only a hint: polling
 // (which also serves rows stored by other replicas) stays the source of truth.
-func (in *Inbox) wake() { in.stored.Notify() }
+// It wakes one idle worker per row stored (n), not every worker for each:
+// one claim takes a row, and the others would only claim nothing on the
+// cores that claim needs. A worker that claims a full batch wakes the rest
+// (Processor.Run).
+func (in *Inbox) wake(n int) {
+	for range n {
+		in.stored.NotifyOne()
+	}
+}
 
 // beyondWindow is the retention rule shared with Consumer.expired: a copy is
 // too old when its occurred_at, or the time in its UUIDv7 id (which also

@@ -43,18 +43,18 @@ func (in *Inbox) ReceiveBatch(ctx context.Context, ms []Incoming) []error {
 	if len(live) > 0 {
 		in.storeBatch(ctx, ms, live, outs, errs)
 	}
-	stored := false
+	stored := 0
 	for i, m := range ms {
 		mctx := m.Ctx
 		if mctx == nil {
 			mctx = ctx
 		}
 		in.recordReceive(mctx, m.Envelope, outs[i], errs[i])
-		stored = stored || outs[i] == receivedStored
+		if outs[i] == receivedStored {
+			stored++
+		}
 	}
-	if stored {
-		in.wake()
-	}
+	in.wake(stored)
 	return errs
 }
 

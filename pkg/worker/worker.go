@@ -25,6 +25,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -113,13 +114,13 @@ func Run(ctx context.Context, cfg Config, pass Pass) error {
 	}
 	var wg sync.WaitGroup
 	for i := range cfg.Workers {
-		var wake <-chan struct{}
+		var sub *subscriber
 		if cfg.Wake != nil {
-			ch, unsubscribe := cfg.Wake.subscribe()
+			var unsubscribe func()
+			sub, unsubscribe = cfg.Wake.subscribe()
 			defer unsubscribe()
-			wake = ch
 		}
-		wg.Go(func() { loop(ctx, work, cfg, m, wake, i, pass) })
+		wg.Go(func() { loop(ctx, work, cfg, m, sub, i, pass) })
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -145,7 +146,11 @@ func Run(ctx context.Context, cfg Config, pass Pass) error {
 	return nil
 }
 
-func loop(ctx, work context.Context, cfg Config, m *meters, wake <-chan struct{}, i int, pass Pass) {
+func loop(ctx, work context.Context, cfg Config, m *meters, sub *subscriber, i int, pass Pass) {
+	var wake <-chan struct{} // nil without a Signal: never ready
+	if sub != nil {
+		wake = sub.ch
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	failures := 0
@@ -170,11 +175,13 @@ func loop(ctx, work context.Context, cfg Config, m *meters, wake <-chan struct{}
 			}
 		}
 		timer.Reset(wait)
+		sub.setIdle(true)
 		select {
 		case <-ctx.Done():
 		case <-wake:
 		case <-timer.C:
 		}
+		sub.setIdle(false)
 	}
 }
 
@@ -184,34 +191,82 @@ func loop(ctx, work context.Context, cfg Config, m *meters, wake <-chan struct{}
 // one pending wake-up per loop.
 type Signal struct {
 	mu   sync.Mutex
-	subs map[chan struct{}]struct{}
+	subs map[*subscriber]struct{}
+}
+
+// subscriber is one loop's end of a Signal: its wake-up channel (one
+// pending wake-up at most) and whether the loop sleeps.
+type subscriber struct {
+	ch   chan struct{}
+	idle atomic.Bool
+}
+
+// setIdle records whether the loop sleeps; a nil subscriber (no Signal)
+// ignores it.
+func (s *subscriber) setIdle(v bool) {
+	if s != nil {
+		s.idle.Store(v)
+	}
+}
+
+// post gives s a pending wake-up unless it has one; it reports whether it
+// did.
+func (s *subscriber) post() bool {
+	select {
+	case s.ch <- struct{}{}:
+		return true
+	default: // already has a wake-up pending
+		return false
+	}
 }
 
 // Notify wakes every subscribed loop that sleeps, and makes every busy one
-// skip its next sleep. It never blocks.
+// skip its next sleep. It never blocks. Use it when the news is for every
+// loop (a backlog to share out, a batch of rows).
 func (s *Signal) Notify() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for ch := range s.subs {
-		select {
-		case ch <- struct{}{}:
-		default: // already has a wake-up pending
+	for sub := range s.subs {
+		sub.post()
+	}
+}
+
+// NotifyOne wakes one subscribed loop that sleeps, for news that one pass
+// can take (one row stored): waking every loop for it would have all but
+// one of them pass for nothing, on the cores the one that works needs. When
+// no loop sleeps, one busy loop skips its next sleep instead; when every
+// loop already has a wake-up pending, there is nothing to add. So, as with
+// Notify, the news is never lost while a loop is subscribed: some loop
+// makes a pass after it. It never blocks.
+func (s *Signal) NotifyOne() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Map order varies from call to call, which spreads the wake-ups over
+	// the loops.
+	for sub := range s.subs {
+		if sub.idle.Load() && sub.post() {
+			return
+		}
+	}
+	for sub := range s.subs {
+		if sub.post() {
+			return
 		}
 	}
 }
 
-func (s *Signal) subscribe() (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
+func (s *Signal) subscribe() (*subscriber, func()) {
+	sub := &subscriber{ch: make(chan struct{}, 1)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.subs == nil {
-		s.subs = map[chan struct{}]struct{}{}
+		s.subs = map[*subscriber]struct{}{}
 	}
-	s.subs[ch] = struct{}{}
-	return ch, func() {
+	s.subs[sub] = struct{}{}
+	return sub, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		delete(s.subs, ch)
+		delete(s.subs, sub)
 	}
 }
 

@@ -287,3 +287,60 @@ func TestMetricsCountPassesByOutcomeAndItems(t *testing.T) {
 		t.Fatalf("passes %v, items %d, durations %d; want worked 1, failed 1, idle 1, items 7, durations 3", byOutcome, items, durations)
 	}
 }
+
+// allIdle reports whether every loop subscribed to sig sleeps.
+func allIdle(sig *Signal, n int) bool {
+	sig.mu.Lock()
+	defer sig.mu.Unlock()
+	idle := 0
+	for sub := range sig.subs {
+		if sub.idle.Load() {
+			idle++
+		}
+	}
+	return idle == n
+}
+
+func TestNotifyOneWakesOneSleepingLoopNotifyWakesAll(t *testing.T) {
+	var sig Signal
+	var passes atomic.Int64
+	start(t, Config{Workers: 4, PollInterval: time.Hour, Wake: &sig}, func(context.Context, int) (int, bool, error) {
+		passes.Add(1)
+		return 0, false, nil
+	})
+	waitFor(t, "4 loops asleep after their first pass", func() bool { return passes.Load() == 4 && allIdle(&sig, 4) })
+	sig.NotifyOne()
+	waitFor(t, "the pass after NotifyOne", func() bool { return passes.Load() == 5 })
+	time.Sleep(50 * time.Millisecond)
+	if got := passes.Load(); got != 5 {
+		t.Fatalf("%d passes after one NotifyOne, want 5: one loop woken, not %d", got, got-4)
+	}
+	waitFor(t, "4 loops asleep again", func() bool { return allIdle(&sig, 4) })
+	sig.Notify()
+	waitFor(t, "a pass of every loop after Notify", func() bool { return passes.Load() == 9 })
+}
+
+// With every loop busy, a NotifyOne is not lost: one loop passes again
+// after its current pass instead of sleeping.
+func TestNotifyOneWhileEveryLoopIsBusyMakesOneMorePass(t *testing.T) {
+	var sig Signal
+	var passes atomic.Int64
+	release := make(chan struct{})
+	start(t, Config{Workers: 2, PollInterval: time.Hour, Wake: &sig}, func(ctx context.Context, _ int) (int, bool, error) {
+		if passes.Add(1) <= 2 {
+			select { // the first pass of each loop waits for the test
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return 0, false, nil
+	})
+	waitFor(t, "both loops in their first pass", func() bool { return passes.Load() == 2 })
+	sig.NotifyOne()
+	close(release)
+	waitFor(t, "the pass the NotifyOne asked for", func() bool { return passes.Load() == 3 })
+	time.Sleep(50 * time.Millisecond)
+	if got := passes.Load(); got != 3 {
+		t.Fatalf("%d passes, want 3: one loop passes again, the other sleeps", got)
+	}
+}
