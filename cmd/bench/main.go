@@ -108,7 +108,7 @@ func main() {
 	flag.Float64Var(&o.notificationsBefore, "notifications-drain-before", 0, "the notifications drain rate (msgs/s) before batching, to hold today's drain to 3x it (0: no target row)")
 	flag.StringVar(&o.peers, "peers", "bench/peers", "directory of the peers' module (Watermill, River), run in the same run with the same servers (empty: skip)")
 	flag.Float64Var(&o.peerRate, "peer-rate", 250, "events/s offered to the inbox pipeline and to River in the latency rounds (below both capacities)")
-	flag.Float64Var(&o.peerSeconds, "peer-seconds", 4, "length of each paced latency round of the inbox pipeline vs River, in seconds")
+	flag.Float64Var(&o.peerSeconds, "peer-seconds", 3, "length of each paced latency round of the inbox pipeline vs River, in seconds")
 	only := flag.String("only", "", "run only these parts, comma-separated: postgres, producer, sqs, drain, peers, pipeline (default: all)")
 	flag.StringVar(&o.root, "root", "", "repository root (default: found from the working directory)")
 	flag.Parse()
