@@ -15,6 +15,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/effectively-once/payments-cashback/internal/benchfeed"
 )
 
 // The same effect as cmd/bench's inbox pipeline: a credit row and a wallet
@@ -133,7 +135,7 @@ func riverRound(ctx context.Context, run string, n int, rate float64) (result, e
 	start := time.Now()
 	// InsertTx in the receiving transaction: the job commits with whatever
 	// the receiver writes.
-	if err := feed(ctx, n, rate, inserters, func(i int) error {
+	if err := benchfeed.Feed(ctx, n, rate, inserters, func(i int) error {
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := client.InsertTx(ctx, tx, args[i], nil)
 			return err

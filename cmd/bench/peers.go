@@ -20,6 +20,8 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
+
+	"github.com/effectively-once/payments-cashback/internal/benchfeed"
 )
 
 // The peers (Watermill, River) live in their own module (bench/peers), so
@@ -148,7 +150,7 @@ func inboxPipelineRound(ctx context.Context, pg *pgEnv, r, n int, rate float64) 
 	go func() { done <- proc.Run(pctx) }()
 	defer func() { stop(); <-done }()
 	start := time.Now()
-	if err := feed(ctx, n, rate, 8, func(i int) error {
+	if err := benchfeed.Feed(ctx, n, rate, 8, func(i int) error {
 		if _, err := in.Receive(ctx, crs[i].env, crs[i].user); err != nil {
 			return err
 		}

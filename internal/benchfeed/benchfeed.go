@@ -1,4 +1,7 @@
-package main
+// Package benchfeed offers work to a pipeline under measurement, as fast
+// as it goes or at a fixed rate; cmd/bench and bench/peers feed the
+// library's pipelines and the peers' with it.
+package benchfeed
 
 import (
 	"context"
@@ -6,16 +9,13 @@ import (
 	"time"
 )
 
-// feed calls send(i) for every i in [0, n) from workers goroutines. With
+// Feed calls send(i) for every i in [0, n) from workers goroutines. With
 // rate 0 they go as fast as they can; with rate > 0 item i is offered at
 // start + i/rate, an open loop: a slow send delays no later offer, the
 // items queue for the next free goroutine instead, so what is measured at
 // a load under capacity is the pipeline's latency and not the pace of the
 // feeder. It returns the first error, after the goroutines stopped.
-//
-// cmd/bench has the same feeder for the library's side: a main package
-// cannot be imported, and a bench helper has no place in the library's pkg/.
-func feed(ctx context.Context, n int, rate float64, workers int, send func(i int) error) error {
+func Feed(ctx context.Context, n int, rate float64, workers int, send func(i int) error) error {
 	items := make(chan int, n)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
