@@ -106,25 +106,7 @@ func newRelay(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outbox
 // waits for Run to return (it also runs at cleanup).
 func runRelay(t testing.TB, r *outbox.Relay) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Relay.Run: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Errorf("Relay.Run did not return 30s after cancel")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return testenv.Background(t, "Relay.Run", r.Run)
 }
 
 // received is one message as a consumer sees it on the queue.
