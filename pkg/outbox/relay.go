@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
@@ -49,16 +50,19 @@ type RelayConfig struct {
 	Workers int
 	// PollInterval is the fallback when no notification arrives [500ms].
 	PollInterval time.Duration
-	// Lease is how long a claim is held before another relay may take the
-	// row over [30s]. Keep it well above the slowest publish: a lease that
-	// runs out mid-publish only causes a duplicate send, never a loss.
+	// Lease bounds how long a batch's claim can outlive a relay that stops
+	// talking to the server [30s]. The claim is a row lock held by the
+	// batch's transaction, and the transaction runs with
+	// idle_in_transaction_session_timeout = Lease: a relay that dies
+	// releases its rows at once (its session ends), one that hangs or is
+	// cut off from the server after Lease.
 	Lease time.Duration
 	// PublishTimeout bounds one batch's publish [Lease/2]; it must be less
 	// than Lease. A message still unsent when it runs out counts as failed
 	// and is rescheduled by backoff, and the rest of the batch is marked,
 	// while the claim still holds: a publish allowed the whole lease would
-	// leave nothing to mark in, and the batch would be claimed and sent
-	// again at every lease expiry.
+	// have its session ended by the server before the mark, and the batch
+	// would be claimed and sent again.
 	PublishTimeout time.Duration
 	// MarkTimeout bounds the statements that record a batch's outcome [5s],
 	// on a context of their own, so a slow publish cannot starve them.
@@ -111,11 +115,13 @@ func (c *RelayConfig) defaults() {
 }
 
 // Relay publishes committed outbox rows. Any number of relays, in one
-// process or many, may run against the same table: each claim is a single
-// short READ COMMITTED statement that leases rows with FOR UPDATE SKIP
-// LOCKED, so replicas never wait on each other nor fail to serialise. A row
-// is marked published only after the publisher accepted it; a relay that
-// dies in between leaves the lease to expire and the row is sent again.
+// process or many, may run against the same table. Each batch is one short
+// READ COMMITTED transaction: it locks the due rows with FOR UPDATE SKIP
+// LOCKED (the lock is the claim: replicas skip the rows and never wait on
+// each other nor fail to serialise), publishes them, and records each row's
+// outcome just before COMMIT, so a row costs one write. A row is marked
+// published only after the publisher accepted it; a relay that dies in
+// between takes its transaction with it, and the rows are sent again.
 type Relay struct {
 	pool *pgxpool.Pool
 	pub  Publisher
@@ -274,9 +280,22 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 // relayOnce is RelayOnce that also returns the publisher's error when the
 // whole batch failed (the rows are rescheduled, so it is not an error of
 // the relay's), for Run to back off on an unreachable queue.
+//
+// One transaction per batch, on one connection: the claim's row locks are
+// the claim, held across the publish, and the outcome (published or
+// rescheduled) is the only write to each row, made just before COMMIT.
 func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
-	msgs, err := r.claim(ctx)
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return 0, nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	// A connection released inside a transaction is closed by the pool, and
+	// the server then drops the transaction and its locks: whatever path
+	// leaves this function, no row stays claimed by it.
+	defer conn.Release()
+	msgs, err := r.claim(ctx, conn.Conn())
 	if err != nil || len(msgs) == 0 {
+		rollback(ctx, conn.Conn())
 		return 0, nil, err
 	}
 	// Once claimed, finish the batch even if ctx is cancelled meanwhile:
@@ -297,6 +316,8 @@ func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
 		}
 	}
 	if failpoint.Hit(failpoint.AfterPublishBeforeMark) {
+		// A crash: the session ends without COMMIT, as a killed process's does.
+		_ = conn.Conn().Close(context.WithoutCancel(ctx))
 		return len(msgs), pubErr, errCrashed
 	}
 	ok := make([]uuid.UUID, 0, len(msgs))
@@ -308,7 +329,7 @@ func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
 	// A fresh context: the publish may have used up its own.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MarkTimeout)
 	defer cancel()
-	if err := r.mark(mctx, ok, failed); err != nil {
+	if err := r.finish(mctx, conn.Conn(), ok, failed); err != nil {
 		return len(msgs), pubErr, err
 	}
 	return len(msgs), pubErr, nil
@@ -324,24 +345,41 @@ type row struct {
 	OccurredAt       time.Time
 }
 
-// claim leases up to BatchSize due rows in one autocommitted statement.
-func (r *Relay) claim(ctx context.Context) ([]Message, error) {
-	rows, err := r.pool.Query(ctx, `
-		UPDATE outbox SET claimed_until = now() + $2::interval, attempts = attempts + 1
-		WHERE id IN (
-			SELECT id FROM outbox
-			WHERE published_at IS NULL AND next_attempt_at <= now()
-			  AND (claimed_until IS NULL OR claimed_until < now())
-			ORDER BY next_attempt_at, id
-			LIMIT $1
-			FOR UPDATE SKIP LOCKED)
-		RETURNING id, aggregate_id, aggregate_version, event_type, payload, headers, occurred_at`,
-		r.cfg.BatchSize, r.cfg.Lease)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: claim: %w", err)
+// claimSQL locks up to $1 due rows, oldest due first, skipping rows another
+// relay holds. claimed_until is the lease of relays before the row-lock
+// claim (schema 1-3); it is still honoured so that a rolling upgrade never
+// takes a row an older replica is publishing.
+const claimSQL = `
+		SELECT id, aggregate_id, aggregate_version, event_type, payload, headers, occurred_at FROM outbox
+		WHERE published_at IS NULL AND next_attempt_at <= now()
+		  AND (claimed_until IS NULL OR claimed_until < now())
+		ORDER BY next_attempt_at, id
+		LIMIT $1
+		FOR UPDATE SKIP LOCKED`
+
+// claim opens the batch's transaction on conn and locks up to BatchSize due
+// rows in it, in one round trip. The transaction's
+// idle_in_transaction_session_timeout is the Lease: a relay that stops
+// talking to the server mid-batch (frozen, partitioned) has its session
+// ended by the server after Lease, which releases the rows.
+func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]Message, error) {
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED`)
+	b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, fmt.Sprint(r.cfg.Lease.Milliseconds()))
+	b.Queue(claimSQL, r.cfg.BatchSize)
+	br := conn.SendBatch(ctx, b)
+	var claimed []row
+	_, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
 	}
-	claimed, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
-	if err != nil {
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			claimed, err = pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+		}
+	}
+	if err = errors.Join(err, br.Close()); err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
 	msgs := make([]Message, 0, len(claimed))
@@ -361,38 +399,37 @@ func (r *Relay) claim(ctx context.Context) ([]Message, error) {
 	return msgs, nil
 }
 
-// mark records the outcome of a batch: one UPDATE for all the published
-// rows, one for all the failed ones (each failure gets its own backoff from
-// its attempt count). Each runs whatever became of the other: failed rows
-// left unscheduled would come back at the end of the lease with no backoff.
-func (r *Relay) mark(ctx context.Context, ok []uuid.UUID, failed map[uuid.UUID]error) error {
-	var errPublished error
-	if len(ok) > 0 {
-		tag, err := r.pool.Exec(ctx, `UPDATE outbox SET published_at = now(), claimed_until = NULL, last_error = NULL
-			WHERE id = ANY($1) AND published_at IS NULL`, ok)
-		if err != nil {
-			errPublished = fmt.Errorf("outbox: mark published: %w", err)
-		} else {
-			r.published.Add(ctx, tag.RowsAffected())
-		}
+// rollback ends conn's transaction, if any; if it cannot, the pool closes
+// the connection on release, which ends it too.
+func rollback(ctx context.Context, conn *pgx.Conn) {
+	if conn.PgConn().TxStatus() != 'I' {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, _ = conn.Exec(rctx, "ROLLBACK")
 	}
-	return errors.Join(errPublished, r.reschedule(ctx, failed))
 }
 
+// markSQL records the published rows of a batch, still locked by its claim.
+const markSQL = `UPDATE outbox SET published_at = now(), attempts = attempts + 1, claimed_until = NULL, last_error = NULL
+		WHERE id = ANY($1) AND published_at IS NULL`
+
 // rescheduleSQL is assembled once, from constants: the retry policy's
-// schedule as SQL over the row's attempts, every value a parameter.
+// schedule as SQL over the row's attempts, this failure included, every
+// value a parameter.
 var rescheduleSQL = `
-		UPDATE outbox o SET claimed_until = NULL, last_error = f.reason,
-		       next_attempt_at = now() + make_interval(secs => ` + retry.SQL("o.attempts", "$4", "$3", "$5") + `)
+		UPDATE outbox o SET attempts = o.attempts + 1, claimed_until = NULL, last_error = f.reason,
+		       next_attempt_at = now() + make_interval(secs => ` + retry.SQL("o.attempts + 1", "$4", "$3", "$5") + `)
 		FROM unnest($1::uuid[], $2::text[]) AS f(id, reason)
 		WHERE o.id = f.id AND o.published_at IS NULL`
 
-// reschedule sets the failed rows' next attempt by backoff and releases
-// their claim.
-func (r *Relay) reschedule(ctx context.Context, failed map[uuid.UUID]error) error {
-	if len(failed) == 0 {
-		return nil
-	}
+// finish records the outcome of a batch and commits its transaction, in one
+// round trip: one UPDATE for all the published rows, one for all the failed
+// ones (each failure gets its own backoff from its attempt count). If that
+// fails, the transaction is gone with its locks, and the failed rows are
+// rescheduled once more on their own: left as they were, they would be
+// claimed again at once, with no backoff. The published rows are then
+// sent again by a later claim (at least once; consumers deduplicate).
+func (r *Relay) finish(ctx context.Context, conn *pgx.Conn, ok []uuid.UUID, failed map[uuid.UUID]error) error {
 	ids := make([]uuid.UUID, 0, len(failed))
 	reasons := make([]string, 0, len(failed))
 	for id, err := range failed {
@@ -400,12 +437,41 @@ func (r *Relay) reschedule(ctx context.Context, failed map[uuid.UUID]error) erro
 		reasons = append(reasons, err.Error())
 		r.log.Warn("outbox publish failed: rescheduled", "event_id", id, "error", err)
 	}
-	_, err := r.pool.Exec(ctx, rescheduleSQL, ids, reasons, r.cfg.RetryMax.Seconds(), r.cfg.RetryBase.Seconds(), retry.JitterDefault)
-	if err != nil {
-		return fmt.Errorf("outbox: reschedule failed rows: %w", err)
+	b := &pgx.Batch{}
+	var published int64
+	if len(ok) > 0 {
+		b.Queue(markSQL, ok).Exec(func(tag pgconn.CommandTag) error {
+			published = tag.RowsAffected()
+			return nil
+		})
+	}
+	if len(ids) > 0 {
+		b.Queue(rescheduleSQL, ids, reasons, r.cfg.RetryMax.Seconds(), r.cfg.RetryBase.Seconds(), retry.JitterDefault)
+	}
+	b.Queue(`COMMIT`)
+	err := conn.SendBatch(ctx, b).Close()
+	if err == nil && conn.PgConn().TxStatus() != 'I' {
+		err = errors.New("the transaction did not commit")
+	}
+	if err == nil {
+		r.published.Add(ctx, published)
+		r.failures.Add(ctx, int64(len(ids)))
+		return nil
+	}
+	rollback(ctx, conn)
+	what := "mark published"
+	if len(ok) == 0 {
+		what = "reschedule failed rows"
+	}
+	err = fmt.Errorf("outbox: %s: %w", what, err)
+	if len(ids) == 0 {
+		return err
+	}
+	if _, rerr := r.pool.Exec(ctx, rescheduleSQL, ids, reasons, r.cfg.RetryMax.Seconds(), r.cfg.RetryBase.Seconds(), retry.JitterDefault); rerr != nil {
+		return errors.Join(err, fmt.Errorf("outbox: reschedule failed rows: %w", rerr))
 	}
 	r.failures.Add(ctx, int64(len(ids)))
-	return nil
+	return err
 }
 
 // OldestUnpublishedAge is how long the oldest unpublished row has waited

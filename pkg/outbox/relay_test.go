@@ -22,8 +22,9 @@ import (
 )
 
 // A relay that "crashes" after SQS accepted a batch and before marking it
-// leaves the row claimed; once the lease runs out another relay sends it
-// again. The consumer receives two copies and applies one.
+// (its session ends without COMMIT) leaves the row unpublished and no
+// longer claimed: another relay sends it again at once. The consumer
+// receives two copies and applies one.
 func TestCrashBetweenPublishAndMarkRepublishesAndConsumerAppliesOnce(t *testing.T) {
 	ctx := context.Background()
 	pool := setup(t)
@@ -31,31 +32,23 @@ func TestCrashBetweenPublishAndMarkRepublishesAndConsumerAppliesOnce(t *testing.
 	e := newEvent(t, 42)
 	addCommitted(t, ctx, pool, e)
 
-	const lease = time.Second
-	crashing := newRelay(t, pool, pub, outbox.RelayConfig{Lease: lease})
+	crashing := newRelay(t, pool, pub, outbox.RelayConfig{})
 	disable := failpoint.Enable(failpoint.AfterPublishBeforeMark, 1)
 	n, err := crashing.RelayOnce(ctx)
 	disable()
 	if n != 1 || err == nil {
 		t.Fatalf("RelayOnce at the failpoint: %d, %v; want 1 row and the crash error", n, err)
 	}
-	if got := count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL AND claimed_until > now()`); got != 1 {
-		t.Fatalf("after the crash the row should be unpublished and still leased")
+	if s := state(t, pool, e.EventID); s.Published || s.Attempts != 0 {
+		t.Fatalf("after the crash: %+v; want unpublished, nothing recorded", s)
 	}
 
-	rescuer := newRelay(t, pool, pub, outbox.RelayConfig{Lease: lease})
-	if n, err := rescuer.RelayOnce(ctx); n != 0 || err != nil {
-		t.Fatalf("second relay within the lease claimed %d (%v), want 0", n, err)
+	rescuer := newRelay(t, pool, pub, outbox.RelayConfig{})
+	if n, err := rescuer.RelayOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("second relay after the crash claimed %d (%v), want the row at once", n, err)
 	}
-	waitFor(t, 10*time.Second, "the lease to run out and the second relay to publish", func() bool {
-		n, err := rescuer.RelayOnce(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n == 1
-	})
-	if got := count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND attempts = 2`); got != 1 {
-		t.Fatalf("row not marked after the second send (attempts 2)")
+	if got := count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND attempts = 1`); got != 1 {
+		t.Fatalf("row not marked after the second send (attempts 1: the crashed send recorded nothing)")
 	}
 
 	copies := receive(t, c, q, 2, 10*time.Second, false)
@@ -752,5 +745,58 @@ func TestRelayGaugesAreCachedBoundedAndUnregisteredOnStop(t *testing.T) {
 		if hasMetric(t, m, name) {
 			t.Errorf("%s still reported after Run returned", name)
 		}
+	}
+}
+
+// stuckPublisher accepts nothing and ignores its context until released,
+// as a relay frozen mid-publish (a stopped process, a cut-off network)
+// would.
+type stuckPublisher struct {
+	started, release chan struct{}
+}
+
+func (p *stuckPublisher) PublishBatch(context.Context, []outbox.Message) (map[uuid.UUID]error, error) {
+	close(p.started)
+	<-p.release
+	return nil, nil
+}
+
+// A relay stuck mid-batch holds its rows no longer than its Lease: the
+// server ends its idle transaction, another relay publishes the rows, and
+// the stuck relay's late mark fails instead of marking rows it no longer
+// holds.
+func TestStuckRelayReleasesItsRowsAfterTheLease(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	_, _, pub := queue(t)
+	e := newEvent(t, 1)
+	addCommitted(t, ctx, pool, e)
+	stuck := &stuckPublisher{started: make(chan struct{}), release: make(chan struct{})}
+	const lease = time.Second
+	frozen := newRelay(t, pool, stuck, outbox.RelayConfig{Lease: lease})
+	done := make(chan error, 1)
+	go func() { _, err := frozen.RelayOnce(ctx); done <- err }()
+	<-stuck.started
+	rescuer := newRelay(t, pool, pub, outbox.RelayConfig{Lease: lease})
+	if n, err := rescuer.RelayOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("a second relay while the first holds the row: %d, %v; want nothing claimed", n, err)
+	}
+	start := time.Now()
+	waitFor(t, 10*time.Second, "the server to end the stuck relay's transaction and the row to be published", func() bool {
+		n, err := rescuer.RelayOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	if el := time.Since(start); el > 5*lease {
+		t.Errorf("the row came back after %v, want about the lease (%v)", el, lease)
+	}
+	close(stuck.release)
+	if err := <-done; err == nil {
+		t.Fatal("the stuck relay's mark succeeded after its session was ended")
+	}
+	if s := state(t, pool, e.EventID); !s.Published || s.Attempts != 1 {
+		t.Fatalf("after the rescue: %+v; want published once, attempts 1", s)
 	}
 }
