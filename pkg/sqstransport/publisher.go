@@ -24,17 +24,24 @@ const (
 type Publisher struct {
 	client   *sqs.Client
 	queueURL string
-	inFlight int
+	slots    chan struct{} // one per SendMessageBatch call in flight, across PublishBatch calls
 }
 
+// DefaultInFlight is NewPublisher's limit when given none: what the relay's
+// default two workers had with four calls each.
+const DefaultInFlight = 8
+
 // NewPublisher returns a Publisher to queueURL that keeps up to inFlight
-// SendMessageBatch calls in flight at once (<= 0 means 4): a relay to SQS is
-// bound by round trips, not by PostgreSQL.
+// SendMessageBatch calls in flight at once (<= 0 means DefaultInFlight): a
+// relay to SQS is bound by round trips, not by PostgreSQL. The limit is the
+// Publisher's, shared by concurrent PublishBatch calls, so the calls of one
+// relay worker's batch fill the slots another worker leaves while it claims
+// or marks in the database, and the queue sees a steady inFlight calls.
 func NewPublisher(client *sqs.Client, queueURL string, inFlight int) *Publisher {
 	if inFlight <= 0 {
-		inFlight = 4
+		inFlight = DefaultInFlight
 	}
-	return &Publisher{client: client, queueURL: queueURL, inFlight: inFlight}
+	return &Publisher{client: client, queueURL: queueURL, slots: make(chan struct{}, inFlight)}
 }
 
 // errNotInResponse is the failure of an entry that a SendMessageBatch
@@ -49,7 +56,6 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (ma
 		mu     sync.Mutex
 		failed = map[uuid.UUID]error{}
 		wg     sync.WaitGroup
-		sem    = make(chan struct{}, p.inFlight)
 	)
 	fail := func(id uuid.UUID, err error) {
 		mu.Lock()
@@ -57,9 +63,18 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (ma
 		mu.Unlock()
 	}
 	for _, chunk := range chunks(msgs) {
-		sem <- struct{}{}
+		select {
+		case p.slots <- struct{}{}:
+		case <-ctx.Done():
+			// Not sent: the rest of the batch fails with the deadline and
+			// is rescheduled, as a call cut by it would be.
+			for _, m := range chunk {
+				fail(m.EventID, ctx.Err())
+			}
+			continue
+		}
 		wg.Go(func() {
-			defer func() { <-sem }()
+			defer func() { <-p.slots }()
 			entries := make([]types.SendMessageBatchRequestEntry, len(chunk))
 			for i, m := range chunk {
 				entries[i] = types.SendMessageBatchRequestEntry{

@@ -93,15 +93,31 @@ func Get(ctx context.Context, q Querier, client, id string) (Payment, error) {
 }
 
 // InsertSucceeded writes p as a SUCCEEDED payment at version 1 and its
-// PaymentSucceeded event, both in tx. It returns the row as stored.
+// PaymentSucceeded event, both in tx and in one round trip (the event is
+// built from p, so it need not wait for the insert). It returns the row as
+// stored.
 func InsertSucceeded(ctx context.Context, tx pgx.Tx, p Payment) (Payment, error) {
-	stored, err := scan(tx.QueryRow(ctx, `INSERT INTO payments (id, client, user_id, amount_paise, currency, method, status, version, provider_ref)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8) RETURNING `+columns,
-		p.ID, p.Client, p.UserID, p.AmountPaise, p.Currency, p.Method, StatusSucceeded, p.ProviderRef))
+	p.Version, p.Status = 1, StatusSucceeded
+	e, err := event(contract.PaymentSucceeded, p)
 	if err != nil {
+		return Payment{}, err
+	}
+	var stored Payment
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO payments (id, client, user_id, amount_paise, currency, method, status, version, provider_ref)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING `+columns,
+		p.ID, p.Client, p.UserID, p.AmountPaise, p.Currency, p.Method, p.Status, p.Version, p.ProviderRef).
+		QueryRow(func(row pgx.Row) (err error) {
+			stored, err = scan(row)
+			return err
+		})
+	if err := outbox.QueueAdd(ctx, b, e); err != nil {
+		return Payment{}, err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return Payment{}, fmt.Errorf("insert payment %s: %w", p.ID, err)
 	}
-	return stored, emit(ctx, tx, contract.PaymentSucceeded, stored)
+	return stored, nil
 }
 
 // MarkRefunded moves a SUCCEEDED payment, read at version fromVersion, to
@@ -122,11 +138,16 @@ func MarkRefunded(ctx context.Context, tx pgx.Tx, id string, fromVersion int64, 
 }
 
 func emit(ctx context.Context, tx pgx.Tx, eventType string, p Payment) error {
-	e, err := events.New(eventType, p.ID, p.Version, EventPayload{
-		PaymentID: p.ID, UserID: p.UserID, AmountPaise: p.AmountPaise, Currency: p.Currency, Status: p.Status,
-	})
+	e, err := event(eventType, p)
 	if err != nil {
 		return err
 	}
 	return outbox.Add(ctx, tx, e)
+}
+
+// event is p's event of eventType, at p's version.
+func event(eventType string, p Payment) (events.Envelope, error) {
+	return events.New(eventType, p.ID, p.Version, EventPayload{
+		PaymentID: p.ID, UserID: p.UserID, AmountPaise: p.AmountPaise, Currency: p.Currency, Status: p.Status,
+	})
 }
