@@ -3,6 +3,8 @@ package sqstransport_test
 import (
 	"context"
 	"encoding/json"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,5 +59,57 @@ func TestPublisherCountsAnEntryMissingFromTheResponseAsFailed(t *testing.T) {
 	missing := uuid.MustParse(dropped[0])
 	if len(failed) != 1 || failed[missing] == nil {
 		t.Fatalf("failed = %v, want exactly the entry missing from the response (%s)", failed, missing)
+	}
+}
+
+// countInFlight counts a client's SendMessageBatch calls in flight and
+// records the most seen at once; each call is held a little, so calls that
+// may overlap do.
+func countInFlight(now, most *atomic.Int64) func(*middleware.Stack) error {
+	return func(stack *middleware.Stack) error {
+		return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("countInFlight",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				n := now.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				time.Sleep(20 * time.Millisecond)
+				defer now.Add(-1)
+				return next.HandleInitialize(ctx, in)
+			}), middleware.After)
+	}
+}
+
+// The in-flight limit is the Publisher's, not each PublishBatch call's: two
+// relay workers publishing at once through one Publisher keep at most its
+// limit of SendMessageBatch calls in flight together, and every message is
+// sent.
+func TestPublisherInFlightLimitIsSharedByConcurrentBatches(t *testing.T) {
+	c := testenv.SQS(t)
+	q, _ := testenv.Queue(t, c, 5, 30*time.Second)
+	var now, most atomic.Int64
+	counted := sqs.New(c.Options(), func(o *sqs.Options) { o.APIOptions = append(o.APIOptions, countInFlight(&now, &most)) })
+	pub := sqstransport.NewPublisher(counted, q, 3)
+	var wg sync.WaitGroup
+	var failures atomic.Int64
+	for w := range 2 {
+		msgs := make([]outbox.Message, 60)
+		for i := range msgs {
+			e := newEvent(t, w*100+i)
+			body, _ := json.Marshal(e)
+			msgs[i] = outbox.Message{EventID: e.EventID, Body: body, Attributes: map[string]string{"event_id": e.EventID.String()}}
+		}
+		wg.Go(func() {
+			failed, err := pub.PublishBatch(context.Background(), msgs)
+			if err != nil || len(failed) > 0 {
+				failures.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if failures.Load() > 0 {
+		t.Fatal("a batch failed")
+	}
+	if m := most.Load(); m > 3 || m < 2 {
+		t.Fatalf("at most %d SendMessageBatch calls were in flight together, want the Publisher's limit (3) shared by both batches", m)
 	}
 }
