@@ -189,11 +189,11 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 }
 
 // readBacklog reads the gauges' values over at most gaugeCap unpublished
-// rows, walked in the order of the outbox_unpublished index.
+// rows, walked in the order of the outbox_due index.
 func (r *Relay) readBacklog(ctx context.Context) (backlog, error) {
 	var b backlog
 	err := r.pool.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-		FROM (SELECT created_at FROM outbox WHERE published_at IS NULL ORDER BY next_attempt_at, id LIMIT $1) s`,
+		FROM (SELECT created_at FROM outbox WHERE published_at IS NULL ORDER BY next_attempt_at LIMIT $1) s`,
 		gaugeCap).Scan(&b.unpublished, &b.oldest)
 	return b, err
 }
@@ -346,14 +346,14 @@ type row struct {
 }
 
 // claimSQL locks up to $1 due rows, oldest due first, skipping rows another
-// relay holds. claimed_until is the lease of relays before the row-lock
-// claim (schema 1-3); it is still honoured so that a rolling upgrade never
+// relay holds. claimed_until is the lease that relays set before the claim
+// was a row lock; it is still honoured so that a rolling upgrade never
 // takes a row an older replica is publishing.
 const claimSQL = `
 		SELECT id, aggregate_id, aggregate_version, event_type, payload, headers, occurred_at FROM outbox
 		WHERE published_at IS NULL AND next_attempt_at <= now()
 		  AND (claimed_until IS NULL OR claimed_until < now())
-		ORDER BY next_attempt_at, id
+		ORDER BY next_attempt_at
 		LIMIT $1
 		FOR UPDATE SKIP LOCKED`
 
