@@ -33,7 +33,7 @@ var allowed = map[string]string{
 	"pkg/idempotent/inbox_admin.go:InboxBacklog":     "appends the constant \"AND consumer = $1\" or nothing; the consumer is a parameter",
 	"pkg/idempotent/inbox_admin.go:Replay":           "joins constant \"column = $n\" conditions chosen by which filters are set; values are parameters",
 	"pkg/idempotent/processor.go:claimOn":            "claimSQL is a package variable assembled once from constants (named parameters)",
-	"pkg/outbox/relay.go:reschedule":                 "rescheduleSQL is a package variable assembled once from constants (the retry schedule over o.attempts)",
+	"pkg/outbox/relay.go:finish":                     "rescheduleSQL is a package variable assembled once from constants (the retry schedule over o.attempts + 1)",
 	"pkg/idempotent/processor.go:record":             "backoffSQL is a constant template filled with the constant column name i.attempts",
 	"services/notifications/sender/sender.go:fenced": "the SET clause is one of four constant strings at its call sites; values are $3, $4",
 	"internal/testenv/testenv.go:DatabaseURL":        "test databases named t_<random hex> by the code (DDL takes no parameters)",
