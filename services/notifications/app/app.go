@@ -65,7 +65,7 @@ type Config struct {
 	SendMaxAttempts int           `env:"SEND_MAX_ATTEMPTS" envDefault:"8"`
 	SendRetryBase   time.Duration `env:"SEND_RETRY_BASE" envDefault:"1s"`
 	SendRetryMax    time.Duration `env:"SEND_RETRY_MAX" envDefault:"5m"`
-	SendConcurrency int           `env:"SEND_CONCURRENCY" envDefault:"4"`
+	SendConcurrency int           `env:"SEND_CONCURRENCY" envDefault:"16"`
 	// What to do with a message whose send outcome is unknown when the
 	// provider cannot be asked (see package sender): resend | skip.
 	PolicyCashback         string `env:"SENDING_POLICY_CASHBACK" envDefault:"resend"`
