@@ -218,10 +218,19 @@ func (s *Sender) Run(ctx context.Context) error {
 	var calls sync.WaitGroup
 	defer calls.Wait() // the rows are ours: their calls finish and are recorded
 	wctx := context.WithoutCancel(ctx)
+	// A busy loop makes a pass per group of finished calls; looking for
+	// stale leases on each would cost a statement per pass for rows that
+	// can only appear once per Lease. Often enough: every PollInterval, at
+	// most a quarter of the Lease apart.
+	reconcileEvery := min(s.cfg.PollInterval, s.cfg.Lease/4)
+	var reconciled time.Time
 	return worker.Run(ctx, worker.Config{Name: "sms-sender", PollInterval: s.cfg.PollInterval, Wake: s.cfg.Wake, Logger: s.log},
 		func(ctx context.Context, _ int) (int, bool, error) {
-			if _, err := s.ReconcileOnce(ctx); err != nil && ctx.Err() == nil {
-				s.log.ErrorContext(ctx, "notifications reconcile failed", "error", err)
+			if time.Since(reconciled) >= reconcileEvery {
+				reconciled = time.Now()
+				if _, err := s.ReconcileOnce(ctx); err != nil && ctx.Err() == nil {
+					s.log.ErrorContext(ctx, "notifications reconcile failed", "error", err)
+				}
 			}
 			// Wait for one free slot, then take every other free one.
 			select {
