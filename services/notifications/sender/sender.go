@@ -212,7 +212,8 @@ func (s *Sender) PolicyFor(kind string) Policy {
 // free call slot, claims as many rows as there are free slots and starts
 // their calls without waiting for them; a pass that filled every free slot
 // is followed at once by the next, otherwise the loop sleeps until Wake or
-// PollInterval.
+// PollInterval. Rows past their lease are looked for every PollInterval
+// (at most Lease/4 apart), not on every pass.
 func (s *Sender) Run(ctx context.Context) error {
 	slots := make(chan struct{}, s.cfg.Concurrency) // one token per call in flight
 	var calls sync.WaitGroup
