@@ -35,7 +35,7 @@ var allowed = map[string]string{
 	"pkg/idempotent/processor.go:claimOn":            "claimSQL is a package variable assembled once from constants (named parameters)",
 	"pkg/outbox/relay.go:finish":                     "rescheduleSQL is a package variable assembled once from constants (the retry schedule over o.attempts + 1)",
 	"pkg/idempotent/processor.go:record":             "backoffSQL is a constant template filled with the constant column name i.attempts",
-	"services/notifications/sender/sender.go:fenced": "the SET clause is one of four constant strings at its call sites; values are $3, $4",
+	"services/notifications/sender/sender.go:fenced": "the SET clause is one of three constant strings at its call sites; values are $3, $4",
 	"internal/testenv/testenv.go:DatabaseURL":        "test databases named t_<random hex> by the code (DDL takes no parameters)",
 	"internal/testenv/hostile.go:TableDigest":        "test helper: table names are the caller's constants, via pgx.Identifier.Sanitize",
 	"cmd/bench/pg.go:freshDB":                        "bench database names made by the code, via pgx.Identifier.Sanitize",

@@ -65,11 +65,20 @@ type Config struct {
 	SendMaxAttempts int           `env:"SEND_MAX_ATTEMPTS" envDefault:"8"`
 	SendRetryBase   time.Duration `env:"SEND_RETRY_BASE" envDefault:"1s"`
 	SendRetryMax    time.Duration `env:"SEND_RETRY_MAX" envDefault:"5m"`
-	SendConcurrency int           `env:"SEND_CONCURRENCY" envDefault:"4"`
+	SendConcurrency int           `env:"SEND_CONCURRENCY" envDefault:"16"`
 	// What to do with a message whose send outcome is unknown when the
 	// provider cannot be asked (see package sender): resend | skip.
 	PolicyCashback         string `env:"SENDING_POLICY_CASHBACK" envDefault:"resend"`
 	PolicyCashbackReversed string `env:"SENDING_POLICY_CASHBACK_REVERSED" envDefault:"resend"`
+
+	// ProcessorWorkers and ProcessorBatchSize tune the inbox processor
+	// that turns stored events into PENDING rows (idempotent.ProcessorConfig
+	// Workers and BatchSize; a Processor field set by a test wins). Its
+	// handler is one INSERT, so a large batch costs its batch-mates little
+	// latency and saves a claim and a commit per batch; two workers let one
+	// claim while the other commits. [2, 50]
+	ProcessorWorkers   int `env:"PROCESSOR_WORKERS" envDefault:"2"`
+	ProcessorBatchSize int `env:"PROCESSOR_BATCH_SIZE" envDefault:"50"`
 
 	QueueWait time.Duration `env:"QUEUE_WAIT" envDefault:"2m"`
 	// Tuning for tests; zero values take the library defaults.
@@ -106,6 +115,7 @@ type App struct {
 
 	subscriber *sqstransport.Subscriber
 	processor  *idempotent.Processor
+	procPool   *pgxpool.Pool // the processor's own connections; nil: a test's
 	maintainer *idempotent.Maintainer
 	addr       string
 	http       service.HTTPTimeouts
@@ -173,8 +183,33 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		}
 	}()
 	pc := cfg.Processor
+	if pc.Workers == 0 {
+		pc.Workers = cfg.ProcessorWorkers
+	}
+	if pc.BatchSize == 0 {
+		pc.BatchSize = cfg.ProcessorBatchSize
+	}
 	pc.Logger = log
 	pc.Committed = &committed
+	var procPool *pgxpool.Pool
+	if pc.Pool == nil {
+		// The processor's workers each hold a connection for a whole batch;
+		// on the service's pool (a handful of connections) they would take
+		// the ones the receiver's stores and the sender's claims and marks
+		// need. Its own pool, on the same database: a connection per worker
+		// and one for the claim.
+		pcfg := pool.Config().Copy()
+		pcfg.MaxConns, pcfg.MinConns = int32(max(pc.Workers, 1)+1), 0
+		if procPool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+			return nil, fmt.Errorf("inbox processor pool: %w", err)
+		}
+		pc.Pool = procPool
+		defer func() {
+			if err != nil {
+				procPool.Close()
+			}
+		}()
+	}
 	proc, err := inbox.NewProcessor(intent.Handler, pc)
 	if err != nil {
 		return nil, err
@@ -208,7 +243,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	if err := api.Routes(r, pool, log, access); err != nil {
 		return nil, err
 	}
-	return &App{Sender: snd, Inbox: inbox, Router: r, subscriber: sub, processor: proc, maintainer: maint,
+	return &App{Sender: snd, Inbox: inbox, Router: r, subscriber: sub, processor: proc, procPool: procPool, maintainer: maint,
 		addr: addr, http: cfg.HTTP(), log: log}, nil
 }
 
@@ -267,9 +302,12 @@ func (a *App) Workers() []service.Task {
 	}
 }
 
-// Close releases the maintainer's connection and the inbox's gauges (call
-// after the tasks end).
+// Close releases the maintainer's connection, the processor's pool and the
+// inbox's gauges (call after the tasks end).
 func (a *App) Close() {
 	a.maintainer.Close()
+	if a.procPool != nil {
+		a.procPool.Close()
+	}
 	_ = a.Inbox.Close()
 }

@@ -204,6 +204,24 @@ func TestIntentRecordedOnceAndSentOnce(t *testing.T) {
 	}
 }
 
+// The inbox processor's commit wakes the sender: with the sender's polling
+// interval an hour long, a CashbackCredited that arrives after the sender
+// went to sleep still ends SENT within seconds.
+func TestProcessorCommitWakesTheSender(t *testing.T) {
+	s := start(t, func(c *app.Config) { c.SenderPoll = time.Hour })
+	// Let the sender's first pass find nothing and go to sleep.
+	time.Sleep(300 * time.Millisecond)
+	e := credited(t)
+	s.send(e)
+	eventually(t, 5*time.Second, "the notification SENT although the sender polls hourly", func() bool {
+		ns := s.notifications(e)
+		return len(ns) == 1 && ns[0].Status == "SENT"
+	})
+	if ds := s.provider.Deliveries(); len(ds) != 1 || ds[0].Requests != 1 {
+		t.Errorf("provider deliveries = %+v; want one, sent once", ds)
+	}
+}
+
 // A reversal gets its own SMS, of its own kind.
 func TestReversalNotified(t *testing.T) {
 	s := start(t, nil)

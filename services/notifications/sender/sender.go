@@ -2,12 +2,15 @@
 // PENDING → SENDING → SENT (or FAILED), calling the SMS provider with the
 // row's idempotency key (sms:<event_id>).
 //
-// One pass of the loop:
+// The loop (Run) keeps up to Concurrency provider calls in flight:
 //
-//  1. Claim: one autocommitted UPDATE moves up to Concurrency due PENDING
-//     rows to SENDING (FOR UPDATE SKIP LOCKED, so replicas never wait on
-//     each other), stamping each with a fresh claim_id and sending_since:
-//     the lease. The SENDING state is durable BEFORE the provider is called.
+//  1. Claim: one autocommitted UPDATE moves as many due PENDING rows as
+//     there are free call slots to SENDING (FOR UPDATE SKIP LOCKED, so
+//     replicas never wait on each other), stamping each with a fresh
+//     claim_id and sending_since: the lease. The SENDING state is durable
+//     BEFORE the provider is called. A slot is freed as soon as its call
+//     is recorded, and the next claim refills it: one slow call holds one
+//     slot, never the others.
 //  2. Send: each claimed row is sent with its idempotency key, bounded by
 //     SendTimeout (the provider hanging costs one timeout, never the loop).
 //     failpoint.Hit(InSending) runs right after the call returns,
@@ -16,7 +19,12 @@
 //     nothing): accepted → SENT with the provider's message id; rejected →
 //     FAILED; retryable → PENDING with next_attempt_at backed off, or
 //     FAILED once MaxAttempts calls have been made; unknown outcome
-//     (timeout, connection lost) → resolved as below, at once.
+//     (timeout, connection lost) → resolved as below, at once. The SENT
+//     marks of calls that finish together are written by one statement
+//     (a group commit: while one mark is being written, the next ones
+//     queue and go in the following statement), each still fenced by its
+//     own claim_id: a row taken over meanwhile is left as its new owner
+//     has it.
 //
 // Reconcile: a row still SENDING after Lease belongs to a sender that died
 // between steps 1 and 3. The reconciler takes over its lease and resolves
@@ -84,7 +92,8 @@ const ReasonUnknownOutcome = "unknown outcome"
 
 // Config tunes a Sender. Zero values take the defaults in brackets.
 type Config struct {
-	// Concurrency is how many rows one pass claims and sends at once [4].
+	// Concurrency is how many provider calls are in flight at once, and
+	// the most rows one claim takes [16].
 	Concurrency int
 	// PollInterval is the pause when there is nothing due [250ms].
 	PollInterval time.Duration
@@ -110,6 +119,12 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// ConcurrencyDefault is Config.Concurrency's default: enough calls in
+// flight that a provider answering in a few milliseconds is not what
+// bounds the drain, and no more than the HTTP client keeps idle
+// connections for (sms.NewHTTPProvider), so calls reuse connections.
+const ConcurrencyDefault = 16
+
 func (c *Config) defaults() {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -117,7 +132,7 @@ func (c *Config) defaults() {
 		}
 	}
 	if c.Concurrency <= 0 {
-		c.Concurrency = 4
+		c.Concurrency = ConcurrencyDefault
 	}
 	def(&c.PollInterval, 250*time.Millisecond)
 	def(&c.SendTimeout, 10*time.Second)
@@ -144,6 +159,8 @@ type Sender struct {
 	log      *slog.Logger
 
 	outcomes, calls, reconciled metric.Int64Counter
+
+	marks markQueue // SENT marks waiting for the next group statement
 }
 
 // New returns a Sender calling provider. If provider also implements
@@ -191,16 +208,58 @@ func (s *Sender) PolicyFor(kind string) Policy {
 // Run sends and reconciles until ctx is cancelled. Calls in flight when
 // ctx ends are finished (each is bounded by SendTimeout) and recorded, so
 // a clean shutdown leaves no row SENDING. It returns nil on cancellation.
-// Its loop is a pkg/worker loop named "sms-sender": a full pass is followed
-// at once by the next, otherwise it sleeps until Wake or PollInterval.
+// Its loop is a pkg/worker loop named "sms-sender": each pass waits for a
+// free call slot, claims as many rows as there are free slots and starts
+// their calls without waiting for them; a pass that filled every free slot
+// is followed at once by the next, otherwise the loop sleeps until Wake or
+// PollInterval. Rows past their lease are looked for every PollInterval
+// (at most Lease/4 apart), not on every pass.
 func (s *Sender) Run(ctx context.Context) error {
+	slots := make(chan struct{}, s.cfg.Concurrency) // one token per call in flight
+	var calls sync.WaitGroup
+	defer calls.Wait() // the rows are ours: their calls finish and are recorded
+	wctx := context.WithoutCancel(ctx)
+	// A busy loop makes a pass per group of finished calls; looking for
+	// stale leases on each would cost a statement per pass for rows that
+	// can only appear once per Lease. Often enough: every PollInterval, at
+	// most a quarter of the Lease apart.
+	reconcileEvery := min(s.cfg.PollInterval, s.cfg.Lease/4)
+	var reconciled time.Time
 	return worker.Run(ctx, worker.Config{Name: "sms-sender", PollInterval: s.cfg.PollInterval, Wake: s.cfg.Wake, Logger: s.log},
 		func(ctx context.Context, _ int) (int, bool, error) {
-			if _, err := s.ReconcileOnce(ctx); err != nil && ctx.Err() == nil {
-				s.log.ErrorContext(ctx, "notifications reconcile failed", "error", err)
+			if time.Since(reconciled) >= reconcileEvery {
+				reconciled = time.Now()
+				if _, err := s.ReconcileOnce(ctx); err != nil && ctx.Err() == nil {
+					s.log.ErrorContext(ctx, "notifications reconcile failed", "error", err)
+				}
 			}
-			n, err := s.SendOnce(ctx)
-			return n, err == nil && n == s.cfg.Concurrency, err
+			// Wait for one free slot, then take every other free one.
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return 0, false, nil
+			}
+			free := 1
+		fill:
+			for free < s.cfg.Concurrency {
+				select {
+				case slots <- struct{}{}:
+					free++
+				default:
+					break fill
+				}
+			}
+			claimed, err := s.claim(ctx, free)
+			for range free - len(claimed) {
+				<-slots
+			}
+			for _, r := range claimed {
+				calls.Go(func() {
+					defer func() { <-slots }()
+					s.send(wctx, r)
+				})
+			}
+			return len(claimed), err == nil && len(claimed) == free, err
 		})
 }
 
@@ -227,9 +286,20 @@ const meterName = "github.com/effectively-once/payments-cashback/services/notifi
 
 const returning = `RETURNING id, event_id, kind, recipient, body, idempotency_key, attempts, claim_id, traceparent`
 
-// SendOnce claims up to Concurrency due PENDING rows, sends them and
-// records the outcomes. It returns how many it claimed.
+// SendOnce claims up to Concurrency due PENDING rows, sends them, records
+// the outcomes and returns how many it claimed. Run does the same with
+// its call slots refilled as calls finish.
 func (s *Sender) SendOnce(ctx context.Context) (int, error) {
+	claimed, err := s.claim(ctx, s.cfg.Concurrency)
+	if err != nil {
+		return 0, err
+	}
+	s.each(ctx, claimed, s.send)
+	return len(claimed), nil
+}
+
+// claim moves up to limit due PENDING rows to SENDING under fresh claims.
+func (s *Sender) claim(ctx context.Context, limit int) ([]row, error) {
 	rows, err := s.pool.Query(ctx, `
 		UPDATE notifications SET status = 'SENDING', attempts = attempts + 1,
 		       claim_id = gen_random_uuid(), sending_since = now(), updated_at = now()
@@ -239,16 +309,15 @@ func (s *Sender) SendOnce(ctx context.Context) (int, error) {
 			ORDER BY next_attempt_at, id
 			LIMIT $1
 			FOR UPDATE SKIP LOCKED)
-		`+returning, s.cfg.Concurrency)
+		`+returning, limit)
 	if err != nil {
-		return 0, fmt.Errorf("sender: claim: %w", err)
+		return nil, fmt.Errorf("sender: claim: %w", err)
 	}
 	claimed, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
 	if err != nil {
-		return 0, fmt.Errorf("sender: claim: %w", err)
+		return nil, fmt.Errorf("sender: claim: %w", err)
 	}
-	s.each(ctx, claimed, s.send)
-	return len(claimed), nil
+	return claimed, nil
 }
 
 // each runs f for every row concurrently and waits. The rows are ours
@@ -392,7 +461,7 @@ func (s *Sender) transition(ctx context.Context, status, reason string) {
 }
 
 func (s *Sender) markSent(ctx context.Context, r row, messageID string, log *slog.Logger) {
-	if err := s.fenced(ctx, r, `status = 'SENT', provider_message_id = $3, sent_at = now(), last_error = NULL`, messageID); err != nil {
+	if err := s.marks.mark(ctx, s.pool, r, messageID); err != nil {
 		// Not recorded: the row stays SENDING and is reconciled (looked up,
 		// or resent with the same key), never lost.
 		log.ErrorContext(ctx, "could not mark SENT", "error", err, "provider_message_id", messageID)
