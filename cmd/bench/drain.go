@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"github.com/effectively-once/payments-cashback/services/contract"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -313,7 +315,9 @@ func bareBatch(ctx context.Context, pool *pgxpool.Pool, crs []credit) error {
 		if tag.RowsAffected() != int64(len(crs)) {
 			return fmt.Errorf("fresh ids: %d of %d inserted", tag.RowsAffected(), len(crs))
 		}
-		for _, c := range crs {
+		// Wallets in user order, as the library's batch path moves them:
+		// concurrent batches then never deadlock on each other's wallets.
+		for _, c := range slices.SortedFunc(slices.Values(crs), func(a, b credit) int { return cmp.Compare(a.user, b.user) }) {
 			if err := c.apply(ctx, tx); err != nil {
 				return err
 			}
