@@ -91,7 +91,7 @@ func Serve[C Configured](ctx context.Context, name string, cfg C, log *slog.Logg
 	if w, ok := any(cfg).(DatabaseWaiter); ok && w.DatabaseWait() > 0 {
 		wait = w.DatabaseWait()
 	}
-	pool, err := OpenPool(ctx, databaseURL(cfg), wait, log)
+	pool, err := OpenPool(ctx, databaseURL(cfg), cfg.ProcessConfig().DBMaxConns, wait, log)
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
 	}

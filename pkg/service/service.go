@@ -87,10 +87,14 @@ func Fatal(log *slog.Logger, msg string, err error) {
 
 // OpenPool connects to PostgreSQL, retrying for up to wait while the server
 // is still coming up (as it is when a whole stack starts at once).
-func OpenPool(ctx context.Context, url string, wait time.Duration, log *slog.Logger) (*pgxpool.Pool, error) {
+// maxConns, if above 0, is the pool's size unless url sets pool_max_conns.
+func OpenPool(ctx context.Context, url string, maxConns int32, wait time.Duration, log *slog.Logger) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("database url: %w", err)
+	}
+	if maxConns > 0 && !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = maxConns
 	}
 	// Queries inside a trace become spans of it; acquiring a connection does
 	// not (one span per query is enough to see where time went). otelpgx's
@@ -138,6 +142,12 @@ const DefaultShutdownTimeout = 30 * time.Second
 // so main loads SHUTDOWN_TIMEOUT, HTTP_READ_TIMEOUT and HTTP_WRITE_TIMEOUT
 // with the rest; no function of this package reads the environment.
 type Process struct {
+	// DBMaxConns caps the service's PostgreSQL pool when its URL sets no
+	// pool_max_conns. pgx's own default (the CPU count, at least 4) is too
+	// small for a service whose relay workers each hold a connection while
+	// their batch is on the wire and whose consumer runs several batches
+	// at once; connections are opened only as they are needed.
+	DBMaxConns       int32         `env:"DB_MAX_CONNS" envDefault:"10"`
 	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
 	HTTPReadTimeout  time.Duration `env:"HTTP_READ_TIMEOUT" envDefault:"15s"`
 	HTTPWriteTimeout time.Duration `env:"HTTP_WRITE_TIMEOUT" envDefault:"60s"`
