@@ -80,6 +80,51 @@ func ExampleConsumer_HandleBatch() {
 	// credits: 2
 }
 
+// The same batch with its new messages applied by one statement: the
+// BatchEffect gets the indexes of the fresh items (the duplicate is not
+// among them); each Item's own Effect runs only if the batch falls back to
+// one message at a time.
+func ExampleConsumer_HandleBatchWith() {
+	tb, done := testenv.Scratch()
+	defer done()
+	ctx, pool := context.Background(), testenv.DB(tb)
+	if err := idempotent.Migrate(ctx, pool); err != nil {
+		panic(err)
+	}
+	_, _ = pool.Exec(ctx, `CREATE TABLE credits (payment_id text PRIMARY KEY)`)
+	c, _ := idempotent.NewConsumer(pool, "rewards")
+	var evs []events.Envelope
+	for _, pay := range []string{"pay_1", "pay_2", "pay_1"} {
+		e, _ := events.New("PaymentSucceeded", pay, 1, map[string]any{})
+		evs = append(evs, e)
+	}
+	evs[2] = evs[0] // a second copy of the first event
+	items := make([]idempotent.Item, len(evs))
+	for i, e := range evs {
+		items[i] = idempotent.Item{Msg: idempotent.MessageOf(e), Effect: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO credits VALUES ($1)`, e.AggregateID)
+			return err
+		}}
+	}
+	outs, _ := c.HandleBatchWith(ctx, items, func(ctx context.Context, tx pgx.Tx, fresh []int) error {
+		fmt.Println("fresh:", fresh)
+		pays := make([]string, len(fresh))
+		for k, i := range fresh {
+			pays[k] = evs[i].AggregateID
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO credits SELECT unnest($1::text[])`, pays)
+		return err
+	})
+	fmt.Println(outs)
+	var n int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM credits`).Scan(&n)
+	fmt.Println("credits:", n)
+	// Output:
+	// fresh: [0 1]
+	// [applied applied duplicate]
+	// credits: 2
+}
+
 // The inbox stores a message and lets the transport ack it at once; a
 // processor applies stored rows later, in order per key, with retries and
 // back-off in the database. A copy is not stored twice.
