@@ -107,10 +107,10 @@ func Run(ctx context.Context, cfg Config, pass Pass) error {
 	cfg = cfg.WithDefaults()
 	m := newMeters(cfg)
 	// Passes outlive ctx by up to Grace.
-	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopWork()
-	if cfg.Grace <= 0 {
-		work = ctx
+	work, stopWork := ctx, context.CancelFunc(func() {})
+	if cfg.Grace > 0 {
+		work, stopWork = context.WithCancel(context.WithoutCancel(ctx))
+		defer stopWork()
 	}
 	var wg sync.WaitGroup
 	for i := range cfg.Workers {
