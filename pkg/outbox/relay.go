@@ -445,8 +445,9 @@ func (r *Relay) finish(ctx context.Context, conn *pgx.Conn, ok []uuid.UUID, fail
 			return nil
 		})
 	}
+	reschedule := []any{ids, reasons, r.cfg.RetryMax.Seconds(), r.cfg.RetryBase.Seconds(), retry.JitterDefault}
 	if len(ids) > 0 {
-		b.Queue(rescheduleSQL, ids, reasons, r.cfg.RetryMax.Seconds(), r.cfg.RetryBase.Seconds(), retry.JitterDefault)
+		b.Queue(rescheduleSQL, reschedule...)
 	}
 	b.Queue(`COMMIT`)
 	err := conn.SendBatch(ctx, b).Close()
@@ -467,7 +468,7 @@ func (r *Relay) finish(ctx context.Context, conn *pgx.Conn, ok []uuid.UUID, fail
 	if len(ids) == 0 {
 		return err
 	}
-	if _, rerr := r.pool.Exec(ctx, rescheduleSQL, ids, reasons, r.cfg.RetryMax.Seconds(), r.cfg.RetryBase.Seconds(), retry.JitterDefault); rerr != nil {
+	if _, rerr := r.pool.Exec(ctx, rescheduleSQL, reschedule...); rerr != nil {
 		return errors.Join(err, fmt.Errorf("outbox: reschedule failed rows: %w", rerr))
 	}
 	r.failures.Add(ctx, int64(len(ids)))
