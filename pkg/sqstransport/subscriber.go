@@ -26,6 +26,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/pkg/outage"
 	"github.com/effectively-once/payments-cashback/pkg/retry"
+	"github.com/effectively-once/payments-cashback/pkg/worker"
 )
 
 // Delivery is one received copy of an event.
@@ -215,7 +216,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	go func() { defer close(deleterDone); s.deleter(work) }()
 
 	s.stopping = ctx
-	slots := make(chan struct{}, s.cfg.Concurrency)
+	slots := worker.NewSlots(s.cfg.Concurrency)
 	var inflight sync.WaitGroup
 	receiveFailures := 0
 	for ctx.Err() == nil {
@@ -226,52 +227,32 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 		// Take at least one free slot before receiving, so messages never sit
 		// in memory waiting for a handler while their visibility runs out.
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			continue
-		}
+		// In batch mode a slot is a whole receive, which always asks for
+		// MaxMessages; otherwise a slot is a message.
+		most := s.cfg.MaxMessages
 		if s.batch != nil {
-			// A slot is a whole receive: always ask for MaxMessages.
-			msgs, err := s.receive(context.WithoutCancel(ctx), s.cfg.MaxMessages)
-			if err != nil || len(msgs) == 0 {
-				<-slots
-				if err != nil && ctx.Err() == nil {
-					receiveFailures++
-					delay := receiveRetry.Delay(receiveFailures)
-					s.log.Error("receive failed", "error", err, "retry_in", delay)
-					sleep(ctx, delay)
-				}
-				continue
-			}
-			receiveFailures = 0
-			inflight.Go(func() {
-				defer func() { <-slots }()
-				s.processBatch(work, msgs)
-			})
+			most = 1
+		}
+		n := slots.Take(ctx, most)
+		if n == 0 {
 			continue
 		}
-		n := 1
-		for n < s.cfg.MaxMessages {
-			select {
-			case slots <- struct{}{}:
-				n++
-				continue
-			default:
-			}
-			break
+		receiveFrom := n
+		if s.batch != nil {
+			receiveFrom = s.cfg.MaxMessages
 		}
 		// The long poll is not cancelled on shutdown: SQS keeps serving an
 		// abandoned poll, and whatever it hands out then stays invisible for
 		// a whole visibility timeout (and counts towards maxReceiveCount).
 		// So shutdown waits for the current poll (at most WaitTime) and
 		// processes what it brings.
-		msgs, err := s.receive(context.WithoutCancel(ctx), n)
-		for range n - len(msgs) {
-			<-slots
+		msgs, err := s.receive(context.WithoutCancel(ctx), receiveFrom)
+		if err == nil {
+			receiveFailures = 0
 		}
-		if err != nil {
-			if ctx.Err() == nil {
+		if err != nil || len(msgs) == 0 {
+			slots.Release(n)
+			if err != nil && ctx.Err() == nil {
 				// Backoff, so an unreachable SQS is not flooded (the SDK has
 				// already retried this call): 1 s, 2 s, ... up to 20 s.
 				receiveFailures++
@@ -281,10 +262,17 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		receiveFailures = 0
+		if s.batch != nil {
+			inflight.Go(func() {
+				defer slots.Release(1)
+				s.processBatch(work, msgs)
+			})
+			continue
+		}
+		slots.Release(n - len(msgs))
 		for _, m := range msgs {
 			inflight.Go(func() {
-				defer func() { <-slots }()
+				defer slots.Release(1)
 				s.process(work, m)
 			})
 		}

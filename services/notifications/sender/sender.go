@@ -215,7 +215,7 @@ func (s *Sender) PolicyFor(kind string) Policy {
 // PollInterval. Rows past their lease are looked for every PollInterval
 // (at most Lease/4 apart), not on every pass.
 func (s *Sender) Run(ctx context.Context) error {
-	slots := make(chan struct{}, s.cfg.Concurrency) // one token per call in flight
+	slots := worker.NewSlots(s.cfg.Concurrency) // one per call in flight
 	var calls sync.WaitGroup
 	defer calls.Wait() // the rows are ours: their calls finish and are recorded
 	wctx := context.WithoutCancel(ctx)
@@ -234,28 +234,15 @@ func (s *Sender) Run(ctx context.Context) error {
 				}
 			}
 			// Wait for one free slot, then take every other free one.
-			select {
-			case slots <- struct{}{}:
-			case <-ctx.Done():
+			free := slots.Take(ctx, s.cfg.Concurrency)
+			if free == 0 {
 				return 0, false, nil
 			}
-			free := 1
-		fill:
-			for free < s.cfg.Concurrency {
-				select {
-				case slots <- struct{}{}:
-					free++
-				default:
-					break fill
-				}
-			}
 			claimed, err := s.claim(ctx, free)
-			for range free - len(claimed) {
-				<-slots
-			}
+			slots.Release(free - len(claimed))
 			for _, r := range claimed {
 				calls.Go(func() {
-					defer func() { <-slots }()
+					defer slots.Release(1)
 					s.send(wctx, r)
 				})
 			}
