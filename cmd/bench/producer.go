@@ -46,7 +46,7 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 				}
 			}()
 			pools := map[string]*pgxpool.Pool{}
-			for _, name := range []string{"prod_ins", "prod_ins_ob", "prod_pay", "prod_pay_ob"} {
+			for _, name := range []string{"prod_ins", "prod_ins_ob", "prod_pay", "prod_pay_ob", "prod_pay_ob_poll"} {
 				p, err := db(name)
 				if err != nil {
 					return err
@@ -109,6 +109,12 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 				{key: "prod_payment_outbox_c" + c, name: fmt.Sprintf("payments tx with its PaymentSucceeded outbox row (store.InsertSucceeded), %d conn", conns), unit: "tx/s",
 					base: "prod_payment_c" + c, target: producerTarget(conns),
 					op: tx(pools["prod_pay_ob"], wakes["prod_pay_ob"], func(ctx context.Context, t pgx.Tx) error {
+						_, err := store.InsertSucceeded(ctx, t, newPayment())
+						return err
+					})},
+				{key: "prod_payment_outbox_nowake_c" + c, name: fmt.Sprintf("the same without the wake-up after commit (relays poll), %d conn", conns), unit: "tx/s",
+					base: "prod_payment_c" + c,
+					op: tx(pools["prod_pay_ob_poll"], nil, func(ctx context.Context, t pgx.Tx) error {
 						_, err := store.InsertSucceeded(ctx, t, newPayment())
 						return err
 					})},

@@ -63,6 +63,15 @@ func (n *Notifier) Notify() {
 	}
 }
 
+// notifySQL sends the wake-up in a transaction that commits without
+// waiting for its WAL flush. A transaction that notifies gets a
+// transaction id, so its commit record would otherwise be flushed like any
+// write: one more WAL flush every MinInterval, in the queue the producers'
+// commits wait in, which on a disk with a slow fsync is felt by each of
+// them. The notification reaches the listeners at commit, flushed or not,
+// and a NOTIFY lost in a crash costs what any lost hint does: one poll.
+const notifySQL = `SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')`
+
 // Run sends the NOTIFYs that Notify asked for until ctx ends. A NOTIFY sent
 // after a Notify call is what makes that call's commit visible to the
 // relay it wakes: the commit happened before Notify, Notify before the send.
@@ -74,7 +83,7 @@ func (n *Notifier) Run(ctx context.Context) error {
 		case <-n.pending:
 		}
 		sent := time.Now()
-		if _, err := n.pool.Exec(ctx, `SELECT pg_notify($1, '')`, Channel); err != nil && ctx.Err() == nil {
+		if _, err := n.pool.Exec(ctx, notifySQL, Channel); err != nil && ctx.Err() == nil {
 			n.cfg.Logger.Warn("outbox NOTIFY failed; relays find the rows by polling", "error", err)
 		}
 		if w := n.cfg.MinInterval - time.Since(sent); w > 0 {
