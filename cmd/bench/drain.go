@@ -5,7 +5,12 @@ import (
 	"context"
 	"fmt"
 	"github.com/effectively-once/payments-cashback/services/contract"
+	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -96,10 +101,14 @@ func benchDrain(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *repo
 			env := []string{"REWARDS_DATABASE_URL=" + pg.connString("bench_"+pg.run+"_"+tag),
 				"PAYMENTS_QUEUE=" + queueName(in), "REWARDS_QUEUE=" + queueName(out)}
 			names := []string{stack.Rewards, "rewards-2"}[:replicas]
+			profiled, err := profileEnv(o, r, fmt.Sprintf("rewards-r%d", replicas))
+			if err != nil {
+				return 0, nil, nil, err
+			}
 			s0 := cpu.sample()
 			start := time.Now()
-			for _, name := range names {
-				if err := p.local.StartNoWait(name, env...); err != nil {
+			for i, name := range names {
+				if err := p.local.StartNoWait(name, append(env, profiled.env(i == 0)...)...); err != nil {
 					return 0, nil, nil, err
 				}
 				cpu.extra[name] = p.local.PID(name)
@@ -110,6 +119,7 @@ func benchDrain(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *repo
 					delete(cpu.extra, name)
 				}
 			}()
+			defer profiled.take(ctx)() // before the kill: the profile comes from the live process
 			var last time.Time
 			err = waitUntil(ctx, 10*time.Minute, 50*time.Millisecond, "every payment credited", func() (bool, error) {
 				for _, name := range names {
@@ -217,13 +227,18 @@ func benchDrain(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *repo
 			return 0, nil, nil, err
 		}
 		env := []string{"NOTIFICATIONS_DATABASE_URL=" + pg.connString("bench_"+pg.run+"_"+tag), "REWARDS_QUEUE=" + queueName(in)}
+		profiled, err := profileEnv(o, r, "notifications")
+		if err != nil {
+			return 0, nil, nil, err
+		}
 		s0 := cpu.sample()
 		start := time.Now()
-		if err := p.local.StartNoWait(stack.Notifications, env...); err != nil {
+		if err := p.local.StartNoWait(stack.Notifications, append(env, profiled.env(true)...)...); err != nil {
 			return 0, nil, nil, err
 		}
 		cpu.extra[stack.Notifications] = p.local.PID(stack.Notifications)
 		defer func() { _ = p.local.Kill(stack.Notifications); delete(cpu.extra, stack.Notifications) }()
+		defer profiled.take(ctx)() // before the kill: the profile comes from the live process
 		var last time.Time
 		err = waitUntil(ctx, 15*time.Minute, 50*time.Millisecond, "every SMS SENT", func() (bool, error) {
 			if !p.local.Running(stack.Notifications) {
@@ -291,6 +306,80 @@ func benchDrain(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *repo
 			Target:   minRatio(3)})
 	}
 	return nil
+}
+
+// profile is the -profile CPU profile of one drain: the service started
+// with PPROF_ADDR on a free loopback port, and the profile fetched from it
+// while it drains.
+type profile struct {
+	addr, path string
+	secs       int
+}
+
+// profileEnv plans the profile of round r of the drain named name, or
+// returns nil when -profile is off or r is not the first round.
+func profileEnv(o options, r int, name string) (*profile, error) {
+	if o.profileDir == "" || r != 0 {
+		return nil, nil
+	}
+	if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	return &profile{addr: addr, path: filepath.Join(o.profileDir, name+".pprof"), secs: o.profileSecs}, nil
+}
+
+// env is the environment that turns the service's profiles on (for the
+// first replica only: one port).
+func (p *profile) env(first bool) []string {
+	if p == nil || !first {
+		return nil
+	}
+	return []string{"PPROF_ADDR=" + p.addr}
+}
+
+// take fetches the profile in the background, from as soon as the service
+// answers; the returned func waits for it and reports where it went.
+func (p *profile) take(ctx context.Context) (wait func()) {
+	if p == nil {
+		return func() {}
+	}
+	done := make(chan error, 1)
+	go func() {
+		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.addr, p.secs)
+		var resp *http.Response
+		err := waitUntil(ctx, 30*time.Second, 10*time.Millisecond, "the service's pprof", func() (bool, error) {
+			var err error
+			resp, err = http.Get(url)
+			return err == nil, nil
+		})
+		if err != nil {
+			done <- err
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			done <- fmt.Errorf("pprof: %s", resp.Status)
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		if err == nil {
+			err = os.WriteFile(p.path, b, 0o644)
+		}
+		done <- err
+	}()
+	return func() {
+		if err := <-done; err != nil {
+			progress("profile %s: %v", p.path, err)
+			return
+		}
+		progress("profile: go tool pprof %s", p.path)
+	}
 }
 
 func asSlice(v any) []any {

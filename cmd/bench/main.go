@@ -79,6 +79,8 @@ type options struct {
 	basePort     int
 	root         string
 	drainMsgs    int
+	profileDir   string
+	profileSecs  int
 	drainRounds  int
 	// notificationsBefore is the notifications drain rate measured before
 	// batching; its target is 3x that.
@@ -104,6 +106,8 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 6, "PostgreSQL measurements are interleaved in this many rounds of -duration/rounds each; each figure is the median of its rounds")
 	flag.IntVar(&o.basePort, "base-port", 0, "run the pipeline's services on ports base (payments), base+1 (rewards), base+2 (notifications), base+9 (SMS provider) instead of the stack's 8081-8083, 8090")
 	flag.IntVar(&o.drainMsgs, "drain-msgs", 20000, "messages pre-filled per drain measurement")
+	flag.StringVar(&o.profileDir, "profile", "", "write a CPU profile of each drained service (its first round, over -profile-seconds) to this directory, via the service's PPROF_ADDR")
+	flag.IntVar(&o.profileSecs, "profile-seconds", 5, "length of each -profile CPU profile; keep it below the drain's duration")
 	flag.IntVar(&o.drainRounds, "drain-rounds", 5, "drain measurements are interleaved in this many rounds")
 	flag.Float64Var(&o.notificationsBefore, "notifications-drain-before", 179, "the notifications drain rate (msgs/s) measured before batching (179, on this repository's 2-core reference machine), to hold the drain to 3x it (0: no target)")
 	flag.StringVar(&o.peers, "peers", "bench/peers", "directory of the peers' module (Watermill, River), run in the same run with the same servers (empty: skip)")

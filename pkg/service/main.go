@@ -81,6 +81,14 @@ func Main[C Configured](name string, databaseURL func(C) string, build func(cont
 // run a whole service in their process.
 func Serve[C Configured](ctx context.Context, name string, cfg C, log *slog.Logger, databaseURL func(C) string, build func(context.Context, C, Deps) (App, error)) error {
 	LogConfig(log, cfg)
+	var pprofTask Task
+	if addr := cfg.ProcessConfig().PprofAddr; addr != "" {
+		t, err := PprofTask(addr, log)
+		if err != nil {
+			return err
+		}
+		pprofTask = t
+	}
 	tel, err := SetupTelemetry(name)
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
@@ -101,5 +109,9 @@ func Serve[C Configured](ctx context.Context, name string, cfg C, log *slog.Logg
 		return fmt.Errorf("start: %w", err)
 	}
 	defer app.Close()
-	return Run(ctx, log, cfg.ProcessConfig().ShutdownTimeout, app.Tasks()...)
+	tasks := app.Tasks()
+	if pprofTask.Run != nil {
+		tasks = append(tasks, pprofTask)
+	}
+	return Run(ctx, log, cfg.ProcessConfig().ShutdownTimeout, tasks...)
 }

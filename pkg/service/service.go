@@ -151,6 +151,9 @@ type Process struct {
 	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
 	HTTPReadTimeout  time.Duration `env:"HTTP_READ_TIMEOUT" envDefault:"15s"`
 	HTTPWriteTimeout time.Duration `env:"HTTP_WRITE_TIMEOUT" envDefault:"60s"`
+	// PprofAddr, when set, serves Go's runtime profiles on this loopback
+	// address (see PprofTask); unset, there are none.
+	PprofAddr string `env:"PPROF_ADDR"`
 }
 
 // ProcessConfig returns p; a config struct that embeds Process has it, which
