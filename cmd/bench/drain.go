@@ -38,6 +38,12 @@ import (
 // bare batched rewards transaction (10 messages per transaction, 8
 // connections) over as many messages.
 
+// drainPoll is how often a drain's progress is read. The end is the last
+// effect's own timestamp (credited_at, sent_at), not the poll that saw it,
+// so the interval costs no precision; each poll counts every row so far,
+// load on the cores under measurement, so it is not frequent.
+const drainPoll = 250 * time.Millisecond
+
 // drainCase is one drain measurement of the interleaved rounds.
 type drainCase struct {
 	series
@@ -121,7 +127,7 @@ func benchDrain(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *repo
 			}()
 			defer profiled.take(ctx)() // before the kill: the profile comes from the live process
 			var last time.Time
-			err = waitUntil(ctx, 10*time.Minute, 50*time.Millisecond, "every payment credited", func() (bool, error) {
+			err = waitUntil(ctx, 10*time.Minute, drainPoll, "every payment credited", func() (bool, error) {
 				for _, name := range names {
 					if !p.local.Running(name) {
 						return false, fmt.Errorf("%s exited (%v); see %s", name, p.local.ExitState(name), p.local.LogPath(name))
@@ -240,7 +246,7 @@ func benchDrain(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *repo
 		defer func() { _ = p.local.Kill(stack.Notifications); delete(cpu.extra, stack.Notifications) }()
 		defer profiled.take(ctx)() // before the kill: the profile comes from the live process
 		var last time.Time
-		err = waitUntil(ctx, 15*time.Minute, 50*time.Millisecond, "every SMS SENT", func() (bool, error) {
+		err = waitUntil(ctx, 15*time.Minute, drainPoll, "every SMS SENT", func() (bool, error) {
 			if !p.local.Running(stack.Notifications) {
 				return false, fmt.Errorf("notifications exited (%v); see %s", p.local.ExitState(stack.Notifications), p.local.LogPath(stack.Notifications))
 			}
