@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 
 	"github.com/go-chi/chi/v5/middleware"
 	"go.opentelemetry.io/otel/trace"
@@ -48,9 +49,59 @@ func (h contextHandler) Handle(ctx context.Context, r slog.Record) error {
 }
 
 func (h contextHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return contextHandler{h.Handler.WithAttrs(as)}
+	if len(as) == 0 {
+		return h
+	}
+	return contextHandler{&derived{parent: h.Handler, attrs: as}}
 }
 
 func (h contextHandler) WithGroup(name string) slog.Handler {
-	return contextHandler{h.Handler.WithGroup(name)}
+	if name == "" {
+		return h
+	}
+	return contextHandler{&derived{parent: h.Handler, group: name}}
+}
+
+// derived is a handler's WithAttrs or WithGroup, made when it is first
+// needed. The JSON handler formats a logger's attributes when the logger
+// is made, and the consumers make one per message (its event_id,
+// event_type) that, above debug level, seldom writes anything: derived
+// defers that work to the first record written, and does it once. (So an
+// attribute's value is read then: a slice or a LogValuer given to With
+// shows its state at the first record, not at With.)
+type derived struct {
+	parent slog.Handler
+	attrs  []slog.Attr // WithAttrs(attrs), or
+	group  string      // WithGroup(group)
+
+	once sync.Once
+	h    slog.Handler
+}
+
+func (d *derived) resolve() slog.Handler {
+	d.once.Do(func() {
+		p := d.parent
+		if pd, ok := p.(*derived); ok {
+			p = pd.resolve()
+		}
+		if d.group != "" {
+			d.h = p.WithGroup(d.group)
+		} else {
+			d.h = p.WithAttrs(d.attrs)
+		}
+	})
+	return d.h
+}
+
+// Enabled asks the parent: attributes and groups do not change a level.
+func (d *derived) Enabled(ctx context.Context, l slog.Level) bool { return d.parent.Enabled(ctx, l) }
+
+func (d *derived) Handle(ctx context.Context, r slog.Record) error { return d.resolve().Handle(ctx, r) }
+
+func (d *derived) WithAttrs(as []slog.Attr) slog.Handler {
+	return &derived{parent: d, attrs: as}
+}
+
+func (d *derived) WithGroup(name string) slog.Handler {
+	return &derived{parent: d, group: name}
 }
