@@ -157,7 +157,121 @@ func Decode(body []byte) (Envelope, error) {
 // DuplicateField reports the first top-level field name that appears more
 // than once in the JSON object body (encoding/json silently keeps the last
 // value). It reports nothing for a body that is not a well-formed object.
+//
+// Every message is checked, so the common case is a single pass over the
+// bytes that allocates only for the names; a name seen twice (or an
+// escaped name, which only a decoder can compare) is confirmed by
+// encoding/json's tokenizer, whose answer is the one returned.
 func DuplicateField(body []byte) (string, bool) {
+	if !mayRepeatField(body) {
+		return "", false
+	}
+	return duplicateFieldByTokens(body)
+}
+
+// mayRepeatField scans the top-level object of body and reports whether a
+// name appears twice or is escaped; false also for what it cannot parse
+// (Decode then rejects the body as malformed).
+func mayRepeatField(b []byte) bool {
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	var seen []string // envelopes and request bodies have a handful of fields
+	for i++; ; {
+		i = skipSpace(b, i)
+		if i >= len(b) || b[i] == '}' {
+			return false
+		}
+		if b[i] == ',' {
+			i = skipSpace(b, i+1)
+		}
+		if i >= len(b) || b[i] != '"' {
+			return false
+		}
+		end, escaped := stringEnd(b, i)
+		if end < 0 {
+			return false
+		}
+		if escaped {
+			return true
+		}
+		name := string(b[i+1 : end-1])
+		for _, s := range seen {
+			if s == name {
+				return true
+			}
+		}
+		seen = append(seen, name)
+		i = skipSpace(b, end)
+		if i >= len(b) || b[i] != ':' {
+			return false
+		}
+		if i = valueEnd(b, skipSpace(b, i+1)); i < 0 {
+			return false
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index just past the string starting at b[i] ('"'),
+// and whether it holds an escape; -1 if it does not end.
+func stringEnd(b []byte, i int) (int, bool) {
+	escaped := false
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			escaped = true
+			j++
+		case '"':
+			return j + 1, escaped
+		}
+	}
+	return -1, false
+}
+
+// valueEnd returns the index just past the JSON value starting at b[i], or
+// -1. Nested objects and arrays are skipped by depth, strings by their
+// quotes; what is inside is not checked (Decode does).
+func valueEnd(b []byte, i int) int {
+	depth := 0
+	for i < len(b) {
+		switch c := b[i]; {
+		case c == '"':
+			end, _ := stringEnd(b, i)
+			if end < 0 {
+				return -1
+			}
+			i = end
+		case c == '{' || c == '[':
+			depth++
+			i++
+		case c == '}' || c == ']':
+			if depth == 0 {
+				return i // the end of the enclosing object: an empty value
+			}
+			depth--
+			i++
+		case c == ',' && depth == 0:
+			return i
+		default:
+			i++
+		}
+		if depth == 0 && i < len(b) && (b[i] == ',' || b[i] == '}') {
+			return i
+		}
+	}
+	return -1
+}
+
+// duplicateFieldByTokens is DuplicateField by encoding/json's tokenizer.
+func duplicateFieldByTokens(body []byte) (string, bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return "", false

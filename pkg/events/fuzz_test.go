@@ -2,6 +2,7 @@ package events_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -59,6 +60,29 @@ func FuzzDecode(f *testing.F) {
 		if e2.EventID != e.EventID || e2.EventType != e.EventType || e2.AggregateID != e.AggregateID ||
 			e2.AggregateVersion != e.AggregateVersion || !e2.OccurredAt.Equal(e.OccurredAt) || !bytes.Equal(e2.Hash(), e.Hash()) {
 			t.Fatalf("round trip changed the event:\n%+v\n%+v", e, e2)
+		}
+	})
+}
+
+// DuplicateField's scan gives the tokenizer's answer for every well-formed
+// body, and never reports a name the tokenizer would not.
+func FuzzDuplicateField(f *testing.F) {
+	for _, seed := range []string{
+		`{"a":1,"b":2}`, `{"a":1,"a":2}`, ` { "a" : [1,{"a":2}] , "b":"}\"a" , "a" : null } `,
+		`{"a":{"b":1,"b":2}}`, `{"a\u0062":1,"ab":2}`, `{"\"":1,"\"":2}`, `{"a":"x\\","a":1}`,
+		`{}`, `[]`, `{"a":}`, `{"a":1,}`, `{"a":1}{"a":2}`, `{"a":1,"a":2`, `{"a":[1,2,"a"],"b":{"c":{}},"b":0}`,
+		`{"a":1 ,"b" :2,  "a":3}`, "{\"a\":1,\n\t\"a\":2}", `{"a":true,"c":false,"a":null}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		name, dup := events.DuplicateField(body)
+		wantName, wantDup := events.DuplicateFieldByTokens(body)
+		if dup && (name != wantName || !wantDup) {
+			t.Fatalf("DuplicateField(%q) = %q, %v; the tokenizer says %q, %v", body, name, dup, wantName, wantDup)
+		}
+		if json.Valid(body) && (name != wantName || dup != wantDup) {
+			t.Fatalf("DuplicateField(%q) = %q, %v; the tokenizer says %q, %v", body, name, dup, wantName, wantDup)
 		}
 	})
 }
