@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/effectively-once/payments-cashback/pkg/internal/pgid"
 )
 
 // Item is one message of a batch and its effect.
@@ -135,11 +137,11 @@ func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs [
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	rows, err := tx.Query(ctx, `INSERT INTO processed_messages (consumer, message_id, payload_hash)
 		SELECT $1, id, h FROM unnest($2::uuid[], $3::bytea[]) AS k(id, h)
-		ON CONFLICT DO NOTHING RETURNING message_id`, c.name, ids, hashes)
+		ON CONFLICT DO NOTHING RETURNING message_id`, c.name, pgid.All(ids), hashes)
 	if err != nil {
 		return Failed, err
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	inserted, err := pgid.Collect(rows)
 	if err != nil {
 		return Failed, err
 	}
@@ -213,14 +215,14 @@ func (c *Consumer) existingBatch(ctx context.Context, tx pgx.Tx, ids []uuid.UUID
 		}
 	}
 	rows, err := tx.Query(ctx, `SELECT message_id, payload_hash FROM processed_messages
-		WHERE consumer = $1 AND message_id = ANY($2)`, c.name, old)
+		WHERE consumer = $1 AND message_id = ANY($2)`, c.name, pgid.All(old))
 	if err != nil {
 		return nil, err
 	}
 	known := map[uuid.UUID][]byte{}
 	var id uuid.UUID
 	var h []byte
-	_, err = pgx.ForEachRow(rows, []any{&id, &h}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{pgid.Scan(&id), &h}, func() error {
 		known[id] = append([]byte(nil), h...)
 		return nil
 	})

@@ -48,6 +48,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/internal/pgid"
 	"github.com/effectively-once/payments-cashback/pkg/retry"
 )
 
@@ -172,14 +173,14 @@ func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outc
 		// statement, it sees the row of a concurrent claim the INSERT
 		// waited for.
 		tag, err := tx.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, payload_hash)
-			VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, c.name, msg.EventID, msg.Hash)
+			VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, c.name, pgid.Of(msg.EventID), msg.Hash)
 		if err != nil {
 			return Failed, err
 		}
 		if tag.RowsAffected() == 0 {
 			var hash []byte
 			if err := tx.QueryRow(ctx, `SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_id = $2`,
-				c.name, msg.EventID).Scan(&hash); err != nil {
+				c.name, pgid.Of(msg.EventID)).Scan(&hash); err != nil {
 				return Failed, fmt.Errorf("idempotent: read the hash of key %s: %w", msg.EventID, err)
 			}
 			if !bytes.Equal(hash, msg.Hash) {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/internal/pgid"
 )
 
 // Incoming is one message of a ReceiveBatch.
@@ -110,12 +111,12 @@ func (in *Inbox) storeBatch(ctx context.Context, ms []Incoming, live []int, outs
 		ORDER BY n
 		ON CONFLICT DO NOTHING
 		RETURNING message_id`,
-		in.consumer, ids, keys, types, aggs, versions, occurred, payloads, hashes, tps)
+		in.consumer, pgid.All(ids), keys, types, aggs, versions, occurred, payloads, hashes, tps)
 	if err != nil {
 		fail(err)
 		return
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	inserted, err := pgid.Collect(rows)
 	if err != nil {
 		fail(err)
 		return
@@ -141,9 +142,9 @@ func (in *Inbox) storeBatch(ctx context.Context, ms []Incoming, live []int, outs
 	have := map[uuid.UUID][]byte{}
 	var id uuid.UUID
 	var h []byte
-	rows, err = in.pool.Query(ctx, `SELECT message_id, payload_hash FROM inbox WHERE consumer = $1 AND message_id = ANY($2)`, in.consumer, old)
+	rows, err = in.pool.Query(ctx, `SELECT message_id, payload_hash FROM inbox WHERE consumer = $1 AND message_id = ANY($2)`, in.consumer, pgid.All(old))
 	if err == nil {
-		_, err = pgx.ForEachRow(rows, []any{&id, &h}, func() error { have[id] = append([]byte(nil), h...); return nil })
+		_, err = pgx.ForEachRow(rows, []any{pgid.Scan(&id), &h}, func() error { have[id] = append([]byte(nil), h...); return nil })
 	}
 	for k, i := range live {
 		if outs[i] == receivedStored {

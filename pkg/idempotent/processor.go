@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/internal/pgid"
 	"github.com/effectively-once/payments-cashback/pkg/retry"
 	"github.com/effectively-once/payments-cashback/pkg/worker"
 )
@@ -505,7 +506,7 @@ func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
 		JOIN unnest($2::uuid[], $3::int4[]) AS c(id, attempts) ON i.message_id = c.id
 		WHERE i.consumer = $1 AND i.status = 'PENDING' AND i.attempts = c.attempts
 		ORDER BY i.message_id
-		FOR UPDATE OF i`, p.in.consumer, ids, attempts)
+		FOR UPDATE OF i`, p.in.consumer, pgid.All(ids), attempts)
 	b.Queue("SAVEPOINT inbox_row")
 	owned, err := func() (map[uuid.UUID]bool, error) {
 		br := tx.SendBatch(ctx, b)
@@ -517,7 +518,7 @@ func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
 		if err != nil {
 			return nil, fmt.Errorf("idempotent: inbox %s: lock claimed rows: %w", p.in.consumer, err)
 		}
-		locked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		locked, err := pgid.Collect(rows)
 		if err != nil {
 			return nil, fmt.Errorf("idempotent: inbox %s: lock claimed rows: %w", p.in.consumer, err)
 		}
@@ -651,7 +652,7 @@ func (p *Processor) record(ctx context.Context, tx pgx.Tx, results []result) (ma
 		FROM unnest(@ids::uuid[], @errors::text[], @permanent::bool[]) AS r(id, error, permanent)
 		WHERE i.consumer = @consumer AND i.message_id = r.id
 		RETURNING i.message_id, i.status`, pgx.NamedArgs{
-		"consumer": p.in.consumer, "ids": ids, "errors": errs, "permanent": perm,
+		"consumer": p.in.consumer, "ids": pgid.All(ids), "errors": errs, "permanent": perm,
 		"max_attempts": p.cfg.MaxAttempts, "retry_base": p.cfg.RetryBase.Seconds(), "retry_max": p.cfg.RetryMax.Seconds(),
 	})
 	if err != nil {
@@ -660,7 +661,7 @@ func (p *Processor) record(ctx context.Context, tx pgx.Tx, results []result) (ma
 	statuses := make(map[uuid.UUID]string, len(results))
 	var id uuid.UUID
 	var status string
-	if _, err := pgx.ForEachRow(rows, []any{&id, &status}, func() error { statuses[id] = status; return nil }); err != nil {
+	if _, err := pgx.ForEachRow(rows, []any{pgid.Scan(&id), &status}, func() error { statuses[id] = status; return nil }); err != nil {
 		return nil, fmt.Errorf("idempotent: inbox %s: record outcomes: %w", p.in.consumer, err)
 	}
 	return statuses, nil

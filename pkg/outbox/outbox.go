@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/internal/pgid"
 	"github.com/effectively-once/payments-cashback/pkg/migrate"
 )
 
@@ -87,5 +88,5 @@ func addArgs(ctx context.Context, e events.Envelope) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []any{e.EventID, e.AggregateID, e.AggregateVersion, e.EventType, []byte(e.Payload), h, e.OccurredAt}, nil
+	return []any{pgid.Of(e.EventID), e.AggregateID, e.AggregateVersion, e.EventType, []byte(e.Payload), h, e.OccurredAt}, nil
 }
