@@ -14,35 +14,30 @@ import (
 func TestNativeFormsAreTheValuerForms(t *testing.T) {
 	m := pgtype.NewMap()
 	ids := []uuid.UUID{uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Nil}
+	same := func(oid uint32, format int16, native, valuer any) []byte {
+		t.Helper()
+		want, err := m.Encode(oid, format, valuer, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := m.Encode(oid, format, native, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Fatalf("format %d: %T encodes %x, %T %x", format, native, got, valuer, want)
+		}
+		return got
+	}
 	for _, format := range []int16{pgtype.BinaryFormatCode, pgtype.TextFormatCode} {
 		for _, id := range ids {
-			want, err := m.Encode(pgtype.UUIDOID, format, id, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := m.Encode(pgtype.UUIDOID, format, pgid.Of(id), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if string(got) != string(want) {
-				t.Fatalf("format %d: Of(%s) encodes %x, uuid.UUID %x", format, id, got, want)
-			}
+			got := same(pgtype.UUIDOID, format, pgid.Of(id), id)
 			var back uuid.UUID
 			if err := m.Scan(pgtype.UUIDOID, format, got, pgid.Scan(&back)); err != nil || back != id {
 				t.Fatalf("format %d: Scan gave %s, %v; want %s", format, back, err, id)
 			}
 		}
-		want, err := m.Encode(pgtype.UUIDArrayOID, format, ids, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := m.Encode(pgtype.UUIDArrayOID, format, pgid.All(ids), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if string(got) != string(want) {
-			t.Fatalf("format %d: All encodes %x, []uuid.UUID %x", format, got, want)
-		}
+		same(pgtype.UUIDArrayOID, format, pgid.All(ids), ids)
 	}
 }
 
