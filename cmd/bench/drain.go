@@ -349,33 +349,30 @@ func (p *profile) env(first bool) []string {
 	return []string{"PPROF_ADDR=" + p.addr}
 }
 
-// take fetches the profile in the background, from as soon as the service
-// answers; the returned func waits for it and reports where it went.
+// take fetches the CPU profile in the background, from as soon as the
+// service answers, and then the allocations so far (alloc_space shows
+// where the drain allocated); the returned func waits for both and reports
+// where they went.
 func (p *profile) take(ctx context.Context) (wait func()) {
 	if p == nil {
 		return func() {}
 	}
 	done := make(chan error, 1)
 	go func() {
-		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.addr, p.secs)
+		cpuURL := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.addr, p.secs)
 		var resp *http.Response
 		err := waitUntil(ctx, 30*time.Second, 10*time.Millisecond, "the service's pprof", func() (bool, error) {
 			var err error
-			resp, err = http.Get(url)
+			resp, err = http.Get(cpuURL)
 			return err == nil, nil
 		})
-		if err != nil {
-			done <- err
-			return
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			done <- fmt.Errorf("pprof: %s", resp.Status)
-			return
-		}
-		b, err := io.ReadAll(resp.Body)
 		if err == nil {
-			err = os.WriteFile(p.path, b, 0o644)
+			err = save(resp, p.path)
+		}
+		if err == nil {
+			if resp, err = http.Get(fmt.Sprintf("http://%s/debug/pprof/allocs", p.addr)); err == nil {
+				err = save(resp, strings.TrimSuffix(p.path, ".pprof")+".allocs.pprof")
+			}
 		}
 		done <- err
 	}()
@@ -384,8 +381,21 @@ func (p *profile) take(ctx context.Context) (wait func()) {
 			progress("profile %s: %v", p.path, err)
 			return
 		}
-		progress("profile: go tool pprof %s", p.path)
+		progress("profile: go tool pprof %s (and .allocs.pprof)", p.path)
 	}
+}
+
+// save writes a pprof response's body to path.
+func save(resp *http.Response, path string) error {
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("pprof: %s", resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(path, b, 0o644)
+	}
+	return err
 }
 
 func asSlice(v any) []any {
