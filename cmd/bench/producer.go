@@ -100,7 +100,7 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 					op: tx(pools["prod_ins"], nil, insert)},
 				{key: "prod_insert_outbox_c" + c, name: fmt.Sprintf("the same + an outbox row, %d conn", conns), unit: "tx/s",
 					base: "prod_insert_c" + c,
-					op: tx(pools["prod_ins_ob"], wakes["prod_ins_ob"], insertWithEvent)},
+					op:   tx(pools["prod_ins_ob"], wakes["prod_ins_ob"], insertWithEvent)},
 				{key: "prod_payment_c" + c, name: fmt.Sprintf("payments tx (INSERT payments), no outbox row, %d conn", conns), unit: "tx/s",
 					op: tx(pools["prod_pay"], nil, func(ctx context.Context, t pgx.Tx) error {
 						// store.InsertSucceeded's payment statement, returning
