@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -75,44 +76,67 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (ma
 		}
 		wg.Go(func() {
 			defer func() { <-p.slots }()
-			entries := make([]types.SendMessageBatchRequestEntry, len(chunk))
-			for i, m := range chunk {
-				entries[i] = types.SendMessageBatchRequestEntry{
-					Id:                aws.String(m.EventID.String()),
-					MessageBody:       aws.String(string(m.Body)),
-					MessageAttributes: stringAttributes(m.Attributes),
-				}
-			}
-			out, err := p.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &p.queueURL, Entries: entries})
-			if err != nil {
-				for _, m := range chunk {
-					fail(m.EventID, err)
-				}
-				return
-			}
-			// Only an entry listed as Successful counts as sent: one the
-			// response lists nowhere is unknown, and resending it risks a
-			// duplicate where trusting it risks a loss.
-			unknown := make(map[string]uuid.UUID, len(chunk))
-			for _, m := range chunk {
-				unknown[m.EventID.String()] = m.EventID
-			}
-			for _, s := range out.Successful {
-				delete(unknown, aws.ToString(s.Id))
-			}
-			for _, f := range out.Failed {
-				if id, ok := unknown[aws.ToString(f.Id)]; ok {
-					delete(unknown, aws.ToString(f.Id))
-					fail(id, fmt.Errorf("sqs rejected the message: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message)))
-				}
-			}
-			for _, id := range unknown {
-				fail(id, errNotInResponse)
-			}
+			p.send(ctx, chunk, fail)
 		})
 	}
 	wg.Wait()
 	return failed, nil
+}
+
+// send puts one chunk on the queue with one SendMessageBatch call and
+// reports each message that is not known to be accepted. An entry's Id is
+// its index in the chunk, which is all the call needs to be unique.
+func (p *Publisher) send(ctx context.Context, chunk []outbox.Message, fail func(uuid.UUID, error)) {
+	entries := make([]types.SendMessageBatchRequestEntry, len(chunk))
+	for i, m := range chunk {
+		entries[i] = types.SendMessageBatchRequestEntry{
+			Id:                &entryIDs[i],
+			MessageBody:       aws.String(string(m.Body)),
+			MessageAttributes: stringAttributes(m.Attributes),
+		}
+	}
+	out, err := p.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &p.queueURL, Entries: entries})
+	if err != nil {
+		for _, m := range chunk {
+			fail(m.EventID, err)
+		}
+		return
+	}
+	// Only an entry listed as Successful counts as sent: one the response
+	// lists nowhere is unknown, and resending it risks a duplicate where
+	// trusting it risks a loss.
+	var listed [maxBatchEntries]bool
+	for _, s := range out.Successful {
+		if i, ok := entryIndex(s.Id, len(chunk)); ok {
+			listed[i] = true
+		}
+	}
+	for _, f := range out.Failed {
+		if i, ok := entryIndex(f.Id, len(chunk)); ok && !listed[i] {
+			listed[i] = true
+			fail(chunk[i].EventID, fmt.Errorf("sqs rejected the message: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message)))
+		}
+	}
+	for i, m := range chunk {
+		if !listed[i] {
+			fail(m.EventID, errNotInResponse)
+		}
+	}
+}
+
+// entryIDs are the entries' Ids, "0" to "9"; the request points at them
+// (the SDK only reads its input).
+var entryIDs = func() (ids [maxBatchEntries]string) {
+	for i := range ids {
+		ids[i] = strconv.Itoa(i)
+	}
+	return ids
+}()
+
+// entryIndex is the index an Id of a response names, if it names one of n.
+func entryIndex(id *string, n int) (int, bool) {
+	i, err := strconv.Atoi(aws.ToString(id))
+	return i, err == nil && i >= 0 && i < n
 }
 
 // chunks splits msgs into groups that fit one SendMessageBatch call.
@@ -144,7 +168,10 @@ func stringAttributes(m map[string]string) map[string]types.MessageAttributeValu
 	}
 	out := make(map[string]types.MessageAttributeValue, len(m))
 	for k, v := range m {
-		out[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+		out[k] = types.MessageAttributeValue{DataType: &stringType, StringValue: aws.String(v)}
 	}
 	return out
 }
+
+// stringType is every attribute's DataType, shared (the SDK only reads it).
+var stringType = "String"
