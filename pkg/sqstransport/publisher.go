@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -22,11 +23,30 @@ const (
 )
 
 // Publisher implements outbox.Publisher on an SQS queue.
+//
+// Its calls are made by sender goroutines that outlive a PublishBatch: the
+// SDK's middleware runs deep, and a fresh goroutine per call spent a tenth
+// of the relay's CPU growing its stack. Senders start on demand, at most
+// about one per slot, and end after senderIdle without work, so an idle
+// Publisher holds none and needs no Close.
 type Publisher struct {
 	client   *sqs.Client
 	queueURL string
 	slots    chan struct{} // one per SendMessageBatch call in flight, across PublishBatch calls
+	calls    chan call     // to an idle sender
+	idle     time.Duration // senderIdle; tests shorten it
 }
+
+// call is one SendMessageBatch for a sender to make; done is called after.
+type call struct {
+	ctx   context.Context
+	chunk []outbox.Message
+	fail  func(uuid.UUID, error)
+	done  func()
+}
+
+// senderIdle is how long a sender waits for its next call before it ends.
+const senderIdle = 5 * time.Second
 
 // DefaultInFlight is NewPublisher's limit when given none: what the relay's
 // default two workers had with four calls each.
@@ -42,7 +62,35 @@ func NewPublisher(client *sqs.Client, queueURL string, inFlight int) *Publisher 
 	if inFlight <= 0 {
 		inFlight = DefaultInFlight
 	}
-	return &Publisher{client: client, queueURL: queueURL, slots: make(chan struct{}, inFlight)}
+	return &Publisher{client: client, queueURL: queueURL, slots: make(chan struct{}, inFlight), calls: make(chan call), idle: senderIdle}
+}
+
+// start hands c to an idle sender, or to a new one if none is idle. The
+// caller holds a slot for c, which the sender releases.
+func (p *Publisher) start(c call) {
+	select {
+	case p.calls <- c:
+	default:
+		go p.sender(c)
+	}
+}
+
+// sender makes c and then every call it is handed, until it has waited
+// p.idle for one.
+func (p *Publisher) sender(c call) {
+	idle := time.NewTimer(p.idle)
+	defer idle.Stop()
+	for {
+		p.send(c.ctx, c.chunk, c.fail)
+		<-p.slots
+		c.done()
+		idle.Reset(p.idle)
+		select {
+		case c = <-p.calls:
+		case <-idle.C:
+			return
+		}
+	}
 }
 
 // errNotInResponse is the failure of an entry that a SendMessageBatch
@@ -74,10 +122,8 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (ma
 			}
 			continue
 		}
-		wg.Go(func() {
-			defer func() { <-p.slots }()
-			p.send(ctx, chunk, fail)
-		})
+		wg.Add(1)
+		p.start(call{ctx: ctx, chunk: chunk, fail: fail, done: wg.Done})
 	}
 	wg.Wait()
 	return failed, nil

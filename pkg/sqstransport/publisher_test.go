@@ -3,6 +3,8 @@ package sqstransport_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,5 +170,46 @@ func TestPublisherInFlightLimitIsSharedByConcurrentBatches(t *testing.T) {
 	}
 	if m := most.Load(); m > 3 || m < 2 {
 		t.Fatalf("at most %d SendMessageBatch calls were in flight together, want the Publisher's limit (3) shared by both batches", m)
+	}
+}
+
+// senders counts the goroutines that are p's senders (a traceback shows
+// the receiver as the first argument).
+func senders(p *sqstransport.Publisher) int {
+	buf := make([]byte, 1<<20)
+	return strings.Count(string(buf[:runtime.Stack(buf, true)]), fmt.Sprintf("sqstransport.(*Publisher).sender(%p,", p))
+}
+
+// A Publisher's calls are made by long-lived senders, never more than about
+// one per slot however many batches pass, and they end once idle: a
+// Publisher nobody uses holds no goroutine and needs no Close.
+func TestPublisherSendersAreReusedAndEndWhenIdle(t *testing.T) {
+	c := testenv.SQS(t)
+	q, _ := testenv.Queue(t, c, 5, 30*time.Second)
+	pub := sqstransport.NewPublisher(c, q, 2)
+	sqstransport.SetSenderIdle(pub, 200*time.Millisecond)
+	most := 0
+	for b := range 5 {
+		msgs := make([]outbox.Message, 30)
+		for i := range msgs {
+			e := newEvent(t, b*100+i)
+			body, _ := json.Marshal(e)
+			msgs[i] = outbox.Message{EventID: e.EventID, Body: body, Attributes: map[string]string{"event_id": e.EventID.String()}}
+		}
+		failed, err := pub.PublishBatch(context.Background(), msgs)
+		if err != nil || len(failed) > 0 {
+			t.Fatalf("batch %d: failed %v, err %v", b, failed, err)
+		}
+		most = max(most, senders(pub))
+	}
+	if most < 1 || most > 3 {
+		t.Fatalf("%d senders after a batch, want the 2 slots' (a third may be starting as one finishes)", most)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for senders(pub) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d senders still running 5s after the last batch, with an idle time of 200ms", senders(pub))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
