@@ -17,6 +17,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/internal/pgid"
 	"github.com/effectively-once/payments-cashback/pkg/internal/snapshot"
 	"github.com/effectively-once/payments-cashback/pkg/outage"
 	"github.com/effectively-once/payments-cashback/pkg/retry"
@@ -386,8 +387,7 @@ func messages(rows pgx.Rows, msgs []Message) ([]Message, error) {
 		traceparent string
 	)
 	for rows.Next() {
-		// The id as [16]byte: pgx decodes a uuid.UUID through its text form.
-		if err := rows.Scan((*[16]byte)(&e.EventID), &e.AggregateID, &e.AggregateVersion, &e.EventType, &payload, &traceparent, &e.OccurredAt); err != nil {
+		if err := rows.Scan(pgid.Scan(&e.EventID), &e.AggregateID, &e.AggregateVersion, &e.EventType, &payload, &traceparent, &e.OccurredAt); err != nil {
 			return nil, err
 		}
 		e.OccurredAt, e.Payload = e.OccurredAt.UTC(), payload
@@ -438,9 +438,7 @@ var rescheduleSQL = `
 // rescheduled once more on their own: left as they were, they would be
 // claimed again at once, with no backoff. The published rows are then
 // sent again by a later claim (at least once; consumers deduplicate).
-//
-// Ids go to pgx as [16]byte, which it encodes as they are: a uuid.UUID it
-// encodes through its text form, a string and a failed attempt each.
+// The ids are [16]byte, which pgx encodes as they are (see pgid).
 func (r *Relay) finish(ctx context.Context, conn *pgx.Conn, ok [][16]byte, failed map[uuid.UUID]error) error {
 	ids := make([][16]byte, 0, len(failed))
 	reasons := make([]string, 0, len(failed))
