@@ -59,6 +59,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -90,6 +91,9 @@ type options struct {
 	// pipeline vs River: events offered per second, for how long.
 	peerRate    float64
 	peerSeconds float64
+	// cpuProfile, if set, is where the bench process's CPU profile goes:
+	// the library's code under test (relay, consumers, inbox) runs in it.
+	cpuProfile string
 }
 
 func main() {
@@ -114,6 +118,7 @@ func main() {
 	flag.Float64Var(&o.peerRate, "peer-rate", 250, "events/s offered to the inbox pipeline and to River in the latency rounds (below both capacities)")
 	flag.Float64Var(&o.peerSeconds, "peer-seconds", 3, "length of each paced latency round of the inbox pipeline vs River, in seconds")
 	only := flag.String("only", "", "run only these parts, comma-separated: postgres, producer, sqs, drain, peers, pipeline (default: all)")
+	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process, where the relay, the consumers and the inbox run, to this file (go tool pprof)")
 	flag.StringVar(&o.root, "root", "", "repository root (default: found from the working directory)")
 	flag.Parse()
 	for _, s := range strings.Split(conns, ",") {
@@ -146,10 +151,39 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, o); err != nil {
+	stopProfile := func() {}
+	if o.cpuProfile != "" {
+		var err error
+		if stopProfile, err = startCPUProfile(o.cpuProfile); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(2)
+		}
+	}
+	err := run(ctx, o)
+	stopProfile() // also when run failed: the profile may show why
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench: error:", err)
 		os.Exit(1)
 	}
+}
+
+// startCPUProfile profiles the process into path until the returned func
+// is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			progress("warning: cpu profile: %v", err)
+		}
+	}, nil
 }
 
 // findRoot walks up from the working directory to the directory with go.mod.

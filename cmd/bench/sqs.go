@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/effectively-once/payments-cashback/internal/sqscount"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -346,14 +347,19 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 				return err
 			}
 			var el time.Duration
-			use, err := cpuOf(func() (err error) { el, err = bareSend(ctx, c, sendQ, msgs, b.inFlight); return err })
+			use, err := cpuOf(func() (err error) {
+				measuring(ctx, b.s.key, func(ctx context.Context) { el, err = bareSend(ctx, c, sendQ, msgs, b.inFlight) })
+				return err
+			})
 			if err != nil {
 				return fmt.Errorf("bare send: %w", err)
 			}
 			b.s.add(per, el, use)
 		}
 		for _, rc := range relays {
-			el, use, err := relayRound(ctx, sq, rc, per)
+			var el time.Duration
+			var use cpuUse
+			measuring(ctx, rc.key, func(ctx context.Context) { el, use, err = relayRound(ctx, sq, rc, per) })
 			if err != nil {
 				return fmt.Errorf("%s: %w", rc.name, err)
 			}
@@ -491,6 +497,13 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 
 	// Latency from commit to the queue.
 	return benchLatency(ctx, pg, sq, o, rep)
+}
+
+// measuring runs f with the pprof label measurement=key, which the
+// goroutines it starts inherit, so that -cpuprofile's samples of each
+// measurement can be told apart (go tool pprof -tagfocus measurement=key).
+func measuring(ctx context.Context, key string, f func(context.Context)) {
+	pprof.Do(ctx, pprof.Labels("measurement", key), f)
 }
 
 // relayRound COPYs per rows into rc's outbox and times its relays from

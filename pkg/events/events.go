@@ -337,7 +337,7 @@ func (e Envelope) Marshal() ([]byte, error) {
 	if err := e.Validate(); err != nil {
 		return nil, err
 	}
-	return json.Marshal(e)
+	return e.AppendJSON(nil)
 }
 
 // Hash is a digest of everything in the envelope but its id. Consumers store

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/internal/pgid"
 	"github.com/effectively-once/payments-cashback/pkg/internal/snapshot"
 	"github.com/effectively-once/payments-cashback/pkg/outage"
 	"github.com/effectively-once/payments-cashback/pkg/retry"
@@ -320,7 +320,7 @@ func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
 		_ = conn.Conn().Close(context.WithoutCancel(ctx))
 		return len(msgs), pubErr, errCrashed
 	}
-	ok := make([]uuid.UUID, 0, len(msgs))
+	ok := make([][16]byte, 0, len(msgs))
 	for _, m := range msgs {
 		if _, bad := failed[m.EventID]; !bad {
 			ok = append(ok, m.EventID)
@@ -335,22 +335,13 @@ func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
 	return len(msgs), pubErr, nil
 }
 
-type row struct {
-	ID               uuid.UUID
-	AggregateID      string
-	AggregateVersion int64
-	EventType        string
-	Payload          []byte
-	Headers          map[string]string
-	OccurredAt       time.Time
-}
-
 // claimSQL locks up to $1 due rows, oldest due first, skipping rows another
 // relay holds. claimed_until is the lease that relays set before the claim
 // was a row lock; it is still honoured so that a rolling upgrade never
-// takes a row an older replica is publishing.
+// takes a row an older replica is publishing. Of the headers only the
+// traceparent travels, so only it is read.
 const claimSQL = `
-		SELECT id, aggregate_id, aggregate_version, event_type, payload, headers, occurred_at FROM outbox
+		SELECT id, aggregate_id, aggregate_version, event_type, payload, coalesce(headers->>'traceparent', ''), occurred_at FROM outbox
 		WHERE published_at IS NULL AND next_attempt_at <= now()
 		  AND (claimed_until IS NULL OR claimed_until < now())
 		ORDER BY next_attempt_at
@@ -368,7 +359,7 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]Message, error) {
 	b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, fmt.Sprint(r.cfg.Lease.Milliseconds()))
 	b.Queue(claimSQL, r.cfg.BatchSize)
 	br := conn.SendBatch(ctx, b)
-	var claimed []row
+	var msgs []Message
 	_, err := br.Exec()
 	if err == nil {
 		_, err = br.Exec()
@@ -376,28 +367,46 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]Message, error) {
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
-			claimed, err = pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+			msgs, err = messages(rows, make([]Message, 0, r.cfg.BatchSize))
 		}
 	}
 	if err = errors.Join(err, br.Close()); err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
-	msgs := make([]Message, 0, len(claimed))
-	for _, c := range claimed {
-		env := events.Envelope{EventID: c.ID, EventType: c.EventType, AggregateID: c.AggregateID,
-			AggregateVersion: c.AggregateVersion, OccurredAt: c.OccurredAt.UTC(), Payload: json.RawMessage(c.Payload)}
-		body, err := json.Marshal(env)
-		if err != nil {
-			return nil, err
-		}
-		attrs := map[string]string{"event_id": c.ID.String(), "event_type": c.EventType}
-		if tp := c.Headers["traceparent"]; tp != "" {
-			attrs["traceparent"] = tp
-		}
-		msgs = append(msgs, Message{EventID: c.ID, Body: body, Attributes: attrs})
-	}
 	return msgs, nil
 }
+
+// messages appends to msgs a Message for each row of claimSQL, the body
+// encoded as events.Envelope.Marshal encodes it (the payload as jsonb
+// prints it, compacted).
+func messages(rows pgx.Rows, msgs []Message) ([]Message, error) {
+	defer rows.Close()
+	var (
+		e           events.Envelope
+		payload     []byte
+		traceparent string
+	)
+	for rows.Next() {
+		if err := rows.Scan(pgid.Scan(&e.EventID), &e.AggregateID, &e.AggregateVersion, &e.EventType, &payload, &traceparent, &e.OccurredAt); err != nil {
+			return nil, err
+		}
+		e.OccurredAt, e.Payload = e.OccurredAt.UTC(), payload
+		body, err := e.AppendJSON(make([]byte, 0, envelopeOverhead+len(payload)))
+		if err != nil {
+			return nil, fmt.Errorf("event %s: %w", e.EventID, err)
+		}
+		attrs := map[string]string{"event_id": e.EventID.String(), "event_type": e.EventType}
+		if traceparent != "" {
+			attrs["traceparent"] = traceparent
+		}
+		msgs = append(msgs, Message{EventID: e.EventID, Body: body, Attributes: attrs})
+	}
+	return msgs, rows.Err()
+}
+
+// envelopeOverhead is room for an envelope's fields besides its payload,
+// so that a body is built in one allocation.
+const envelopeOverhead = 256
 
 // rollback ends conn's transaction, if any; if it cannot, the pool closes
 // the connection on release, which ends it too.
@@ -429,8 +438,9 @@ var rescheduleSQL = `
 // rescheduled once more on their own: left as they were, they would be
 // claimed again at once, with no backoff. The published rows are then
 // sent again by a later claim (at least once; consumers deduplicate).
-func (r *Relay) finish(ctx context.Context, conn *pgx.Conn, ok []uuid.UUID, failed map[uuid.UUID]error) error {
-	ids := make([]uuid.UUID, 0, len(failed))
+// The ids are [16]byte, which pgx encodes as they are (see pgid).
+func (r *Relay) finish(ctx context.Context, conn *pgx.Conn, ok [][16]byte, failed map[uuid.UUID]error) error {
+	ids := make([][16]byte, 0, len(failed))
 	reasons := make([]string, 0, len(failed))
 	for id, err := range failed {
 		ids = append(ids, id)
