@@ -314,7 +314,10 @@ func interleave(ctx context.Context, d time.Duration, rounds, workers int, cases
 	for range rounds {
 		for _, c := range cases {
 			s0 := cpu.sample()
-			n, el, err := measure(ctx, seg, workers, c.op)
+			var n int64
+			var el time.Duration
+			var err error
+			measuring(ctx, c.key, func(ctx context.Context) { n, el, err = measure(ctx, seg, workers, c.op) })
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
