@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -177,7 +178,11 @@ func mayRepeatField(b []byte) bool {
 	if i >= len(b) || b[i] != '{' {
 		return false
 	}
-	var seen []string // envelopes and request bodies have a handful of fields
+	// Envelopes and request bodies have a handful of fields, compared in a
+	// slice; a body with many (hostile, say) moves to a map, so the scan
+	// stays linear.
+	var seen []string
+	var many map[string]bool
 	for i++; ; {
 		i = skipSpace(b, i)
 		if i >= len(b) || b[i] == '}' {
@@ -197,12 +202,22 @@ func mayRepeatField(b []byte) bool {
 			return true
 		}
 		name := string(b[i+1 : end-1])
-		for _, s := range seen {
-			if s == name {
+		if many != nil {
+			if many[name] {
 				return true
 			}
+			many[name] = true
+		} else {
+			if slices.Contains(seen, name) {
+				return true
+			}
+			if seen = append(seen, name); len(seen) > 16 {
+				many = make(map[string]bool, 2*len(seen))
+				for _, n := range seen {
+					many[n] = true
+				}
+			}
 		}
-		seen = append(seen, name)
 		i = skipSpace(b, end)
 		if i >= len(b) || b[i] != ':' {
 			return false

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -146,5 +147,25 @@ func TestDecodeRefusesDuplicateFieldsAndBytesThatAreNotUTF8(t *testing.T) {
 	}
 	if _, dup := DuplicateField([]byte(`{"a":{"b":1,"b":2},"c":[1,1]}`)); dup {
 		t.Error("DuplicateField looked inside nested values")
+	}
+}
+
+// A body with very many fields is scanned in linear time: 100,000 distinct
+// names, then a repeat of the first, are found in well under a second
+// (a pairwise comparison would take minutes).
+func TestDuplicateFieldStaysLinearInTheNumberOfFields(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("{")
+	for i := range 100000 {
+		fmt.Fprintf(&b, `"f%d":%d,`, i, i)
+	}
+	b.WriteString(`"f0":1}`)
+	start := time.Now()
+	name, dup := DuplicateField([]byte(b.String()))
+	if !dup || name != "f0" {
+		t.Fatalf("DuplicateField = %q, %v; want f0, true", name, dup)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("DuplicateField took %v over 100,000 fields", el)
 	}
 }
