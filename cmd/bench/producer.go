@@ -64,7 +64,7 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 			}
 			payload := []byte(`{"payment_id":"pay_x","user_id":"u_17","amount_paise":120000,"currency":"INR"}`)
 			insert := func(ctx context.Context, tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `INSERT INTO bench_rows (id, payload) VALUES ($1, $2)`, uuid.Must(uuid.NewV7()), payload)
+				_, err := tx.Exec(ctx, insertRowSQL, uuid.Must(uuid.NewV7()), payload)
 				return err
 			}
 			// The row and its event in one round trip (outbox.QueueAdd), as
@@ -76,7 +76,7 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 					return err
 				}
 				b := &pgx.Batch{}
-				b.Queue(`INSERT INTO bench_rows (id, payload) VALUES ($1, $2)`, uuid.Must(uuid.NewV7()), payload)
+				b.Queue(insertRowSQL, uuid.Must(uuid.NewV7()), payload)
 				if err := outbox.QueueAdd(ctx, b, e); err != nil {
 					return err
 				}
@@ -141,6 +141,9 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 	}
 	return nil
 }
+
+// insertRowSQL is the bare single-row INSERT of the producer's baseline.
+const insertRowSQL = `INSERT INTO bench_rows (id, payload) VALUES ($1, $2)`
 
 // producerTarget: the outbox row may cost the producer's commit at most
 // 10% at 8 connections, where commits that serialise would show.
