@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/services/notifications/sms"
 )
 
@@ -55,10 +54,7 @@ func (b *barrier) Send(ctx context.Context, m sms.Message) (sms.Receipt, error) 
 // FAILED, none is left SENDING, none is SENT without its own message id.
 func TestGroupedSentMarksOnlyTheAcceptedRows(t *testing.T) {
 	e := setup(t)
-	var evs []events.Envelope
-	for range 8 {
-		evs = append(evs, e.intent())
-	}
+	evs := e.intents(8)
 	rejected := map[string]bool{}
 	for _, ev := range evs[:3] {
 		rejected["sms:"+ev.EventID.String()] = true
@@ -99,10 +95,7 @@ func TestGroupedSentMarksOnlyTheAcceptedRows(t *testing.T) {
 // which are recorded.
 func TestGroupedSentMarkLeavesATakenOverRowAlone(t *testing.T) {
 	e := setup(t)
-	var evs []events.Envelope
-	for range 4 {
-		evs = append(evs, e.intent())
-	}
+	evs := e.intents(4)
 	stolen := "sms:" + evs[0].EventID.String()
 	b := newBarrier(e.client, len(evs))
 	b.before = func(key string) {
@@ -156,10 +149,7 @@ func (h *holdOne) Send(ctx context.Context, m sms.Message) (sms.Receipt, error) 
 // records it, leaving no row SENDING.
 func TestRunDoesNotWaitForTheSlowestCall(t *testing.T) {
 	e := setup(t)
-	var evs []events.Envelope
-	for range 10 {
-		evs = append(evs, e.intent())
-	}
+	evs := e.intents(10)
 	// The first row claimed (claims go in id order) hangs.
 	h := &holdOne{Provider: e.client, key: "sms:" + evs[0].EventID.String(), release: make(chan struct{})}
 	cfg := fast()

@@ -87,6 +87,16 @@ func (e *env) intent() events.Envelope {
 	return ev
 }
 
+// intents records n fresh intents, in order.
+func (e *env) intents(n int) []events.Envelope {
+	e.t.Helper()
+	evs := make([]events.Envelope, n)
+	for i := range evs {
+		evs[i] = e.intent()
+	}
+	return evs
+}
+
 type state struct {
 	Status, Key  string
 	MessageID    *string
@@ -383,10 +393,7 @@ func TestProviderHangsNoLookupSkip(t *testing.T) {
 // and delivered once.
 func TestConcurrentSendersDeliverOnce(t *testing.T) {
 	e := setup(t)
-	var evs []events.Envelope
-	for range 30 {
-		evs = append(evs, e.intent())
-	}
+	evs := e.intents(30)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for range 3 {
