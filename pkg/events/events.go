@@ -251,35 +251,30 @@ func stringEnd(b []byte, i int) (int, bool) {
 	return -1, false
 }
 
-// valueEnd returns the index just past the JSON value starting at b[i], or
-// -1. Nested objects and arrays are skipped by depth, strings by their
-// quotes; what is inside is not checked (Decode does).
+// valueEnd returns the index of the ',' or '}' that ends the JSON value
+// starting at b[i], or -1. Nested objects and arrays are skipped by depth,
+// strings by their quotes; what is inside is not checked (Decode does).
 func valueEnd(b []byte, i int) int {
 	depth := 0
-	for i < len(b) {
-		switch c := b[i]; {
-		case c == '"':
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
 			end, _ := stringEnd(b, i)
 			if end < 0 {
 				return -1
 			}
-			i = end
-		case c == '{' || c == '[':
+			i = end - 1
+		case '{', '[':
 			depth++
-			i++
-		case c == '}' || c == ']':
+		case '}', ']':
 			if depth == 0 {
-				return i // the end of the enclosing object: an empty value
+				return i
 			}
 			depth--
-			i++
-		case c == ',' && depth == 0:
-			return i
-		default:
-			i++
-		}
-		if depth == 0 && i < len(b) && (b[i] == ',' || b[i] == '}') {
-			return i
+		case ',':
+			if depth == 0 {
+				return i
+			}
 		}
 	}
 	return -1
