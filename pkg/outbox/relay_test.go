@@ -452,6 +452,46 @@ func TestPublisherErrorReschedulesTheBatch(t *testing.T) {
 	}
 }
 
+// A publisher that names, among its failures, a row outside the batch (a
+// bug of its own) cannot unpublish that row: only the batch's rows are
+// rescheduled or marked.
+func TestPublisherNamingAnotherRowLeavesItPublished(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	_, _, pub := queue(t)
+	sent, fresh := newEvent(t, 1), newEvent(t, 2)
+	addCommitted(t, ctx, pool, sent)
+	if n, err := newRelay(t, pool, pub, outbox.RelayConfig{}).RelayOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("first RelayOnce: %d, %v", n, err)
+	}
+	addCommitted(t, ctx, pool, fresh)
+	relay := newRelay(t, pool, &namingPublisher{next: pub, also: sent.EventID}, outbox.RelayConfig{})
+	if n, err := relay.RelayOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("second RelayOnce: %d, %v", n, err)
+	}
+	if s := state(t, pool, sent.EventID); !s.Published || s.Attempts != 1 || s.LastError != nil {
+		t.Errorf("the row of the earlier batch: %+v; want still published, attempts 1, no error", s)
+	}
+	if s := state(t, pool, fresh.EventID); !s.Published || s.Attempts != 1 {
+		t.Errorf("the batch's row: %+v; want published, attempts 1", s)
+	}
+}
+
+// namingPublisher publishes through next and then also reports also as failed.
+type namingPublisher struct {
+	next outbox.Publisher
+	also uuid.UUID
+}
+
+func (p *namingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Message) (map[uuid.UUID]error, error) {
+	failed, err := p.next.PublishBatch(ctx, msgs)
+	if failed == nil {
+		failed = map[uuid.UUID]error{}
+	}
+	failed[p.also] = errInjected
+	return failed, err
+}
+
 // A row that has failed many times is still rescheduled at RetryMax: the
 // exponential term must not overflow PostgreSQL's interval (it did from
 // about 45 attempts, i.e. after ~3 hours of a persistent failure, and then
