@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"github.com/effectively-once/payments-cashback/services/contract"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/httpidem"
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
 	paymigrations "github.com/effectively-once/payments-cashback/services/payments/migrations"
 	"github.com/effectively-once/payments-cashback/services/payments/store"
@@ -46,7 +49,7 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 				}
 			}()
 			pools := map[string]*pgxpool.Pool{}
-			for _, name := range []string{"prod_ins", "prod_ins_ob", "prod_pay", "prod_pay_ob", "prod_pay_ob_poll"} {
+			for _, name := range []string{"prod_ins", "prod_ins_ob", "prod_pay", "prod_pay_ob", "prod_pay_ob_poll", "prod_req", "prod_req_ob"} {
 				p, err := db(name)
 				if err != nil {
 					return err
@@ -54,7 +57,7 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 				pools[name] = p
 			}
 			wakes := map[string]*outbox.Notifier{}
-			for _, name := range []string{"prod_ins_ob", "prod_pay_ob"} {
+			for _, name := range []string{"prod_ins_ob", "prod_pay_ob", "prod_req_ob"} {
 				n, stop, err := startNotifier(ctx, pools[name])
 				if err != nil {
 					return err
@@ -103,16 +106,8 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 					op:   tx(pools["prod_ins_ob"], wakes["prod_ins_ob"], insertWithEvent)},
 				{key: "prod_payment_c" + c, name: fmt.Sprintf("payments tx (INSERT payments), no outbox row, %d conn", conns), unit: "tx/s",
 					op: tx(pools["prod_pay"], nil, func(ctx context.Context, t pgx.Tx) error {
-						// store.InsertSucceeded's payment statement, returning
-						// and scanning the same row, without the outbox row.
-						p := newPayment()
-						return t.QueryRow(ctx, `INSERT INTO payments (id, client, user_id, amount_paise, currency, method, status, version, provider_ref)
-							VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8)
-							RETURNING id, client, user_id, amount_paise, currency, method, status, version, provider_ref,
-								coalesce(provider_refund_ref, ''), created_at, updated_at`,
-							p.ID, p.Client, p.UserID, p.AmountPaise, p.Currency, p.Method, store.StatusSucceeded, p.ProviderRef).
-							Scan(&p.ID, &p.Client, &p.UserID, &p.AmountPaise, &p.Currency, &p.Method, &p.Status, &p.Version,
-								&p.ProviderRef, &p.ProviderRefundRef, &p.CreatedAt, &p.UpdatedAt)
+						_, err := insertPayment(ctx, t, newPayment())
+						return err
 					})},
 				{key: "prod_payment_outbox_c" + c, name: fmt.Sprintf("payments tx with its PaymentSucceeded outbox row (store.InsertSucceeded), %d conn", conns), unit: "tx/s",
 					base: "prod_payment_c" + c, target: producerTarget(conns),
@@ -127,6 +122,21 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 						return err
 					})},
 			}
+			for _, ob := range []bool{false, true} {
+				k := &bcase{key: "prod_request_c" + c, name: fmt.Sprintf("payments request's database work (key claim, then payment + saved response), no outbox row, %d conn", conns),
+					unit: "req/s"}
+				pool, wake := pools["prod_req"], (*outbox.Notifier)(nil)
+				if ob {
+					k = &bcase{key: "prod_request_outbox_c" + c, name: fmt.Sprintf("the same with its outbox row and wake-up, as services/payments, %d conn", conns),
+						unit: "req/s", base: "prod_request_c" + c}
+					pool, wake = pools["prod_req_ob"], wakes["prod_req_ob"]
+				}
+				var err error
+				if k.op, err = paymentRequest(pool, wake, newPayment); err != nil {
+					return err
+				}
+				cases = append(cases, k)
+			}
 			if err := interleave(ctx, o.duration, o.rounds, conns, cases); err != nil {
 				return err
 			}
@@ -140,6 +150,61 @@ func benchProducer(ctx context.Context, pg *pgEnv, o options, rep *report) error
 		}
 	}
 	return nil
+}
+
+// insertPayment is store.InsertSucceeded's payment statement, returning
+// and scanning the same row, without the outbox row.
+func insertPayment(ctx context.Context, t pgx.Tx, p store.Payment) (store.Payment, error) {
+	err := t.QueryRow(ctx, `INSERT INTO payments (id, client, user_id, amount_paise, currency, method, status, version, provider_ref)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8)
+		RETURNING id, client, user_id, amount_paise, currency, method, status, version, provider_ref,
+			coalesce(provider_refund_ref, ''), created_at, updated_at`,
+		p.ID, p.Client, p.UserID, p.AmountPaise, p.Currency, p.Method, store.StatusSucceeded, p.ProviderRef).
+		Scan(&p.ID, &p.Client, &p.UserID, &p.AmountPaise, &p.Currency, &p.Method, &p.Status, &p.Version,
+			&p.ProviderRef, &p.ProviderRefundRef, &p.CreatedAt, &p.UpdatedAt)
+	return p, err
+}
+
+// paymentRequest is the database work of one POST /v1/payments as
+// services/payments does it, less the Stripe call: the Idempotency-Key
+// claimed in its own statement (httpidem), then one transaction with the
+// payment and the saved response, and, with wake set, the payment's outbox
+// row (store.InsertSucceeded) and the wake-up after the commit. It answers
+// what the outbox costs a payments request rather than a bare transaction.
+func paymentRequest(pool *pgxpool.Pool, wake *outbox.Notifier, newPayment func() store.Payment) (func(context.Context, int) (int, error), error) {
+	keys, err := httpidem.New(pool, httpidem.Config{Logger: quiet})
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, _ int) (int, error) {
+		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/payments", nil)
+		r.Header.Set(httpidem.HeaderKey, uuid.NewString())
+		w := httptest.NewRecorder()
+		p := newPayment()
+		keys.Handle(w, r, httpidem.Request{Scope: "bench POST /v1/payments", Fingerprint: p, NewResourceID: store.NewID},
+			func(ctx context.Context, a *httpidem.Attempt) error {
+				p.ID = a.ResourceID
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					insert := insertPayment
+					if wake != nil {
+						insert = store.InsertSucceeded
+					}
+					stored, err := insert(ctx, tx, p)
+					if err != nil {
+						return err
+					}
+					return a.Save(ctx, tx, http.StatusCreated, stored)
+				})
+				if err == nil {
+					wake.Notify()
+				}
+				return err
+			})
+		if w.Code != http.StatusCreated {
+			return 0, fmt.Errorf("payments request: %d %s", w.Code, w.Body)
+		}
+		return 1, nil
+	}, nil
 }
 
 // insertRowSQL is the bare single-row INSERT of the producer's baseline.
