@@ -68,9 +68,13 @@ func (w *creditWorker) Work(ctx context.Context, job *river.Job[creditArgs]) err
 // Tuning, as River's docs advise for throughput: enough workers to keep
 // the database busy, a short FetchCooldown (the floor between fetches;
 // "throughput is limited by this value", default 100 ms) and a short poll
-// as the fallback to its LISTEN/NOTIFY wake-up.
+// as the fallback to its LISTEN/NOTIFY wake-up. Workers are 50, not
+// River's default 100: each busy worker holds a connection, and 100 of
+// them with the inserters' and River's own would pass a stock server's
+// max_connections of 100 (it did, once River fell behind the offered rate
+// and every worker was busy). 50 keep two cores' worth of database busy.
 const (
-	riverWorkers       = 100
+	riverWorkers       = 50
 	riverFetchCooldown = 5 * time.Millisecond
 	riverFetchPoll     = 50 * time.Millisecond
 	inserters          = 8
