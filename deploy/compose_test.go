@@ -2,6 +2,8 @@ package deploy_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,6 +15,7 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 
 	"github.com/effectively-once/payments-cashback/deploy"
+	"github.com/effectively-once/payments-cashback/pkg/service"
 )
 
 func TestComposeFileBuildsChecksHealthAndStartsInOrder(t *testing.T) {
@@ -73,6 +76,21 @@ func TestComposeFileBuildsChecksHealthAndStartsInOrder(t *testing.T) {
 	}
 	if _, ok := p.Services["notifications"].DependsOn["smsprovider"]; !ok {
 		t.Error("notifications does not wait for the SMS provider")
+	}
+	// The provider's sender API wants a key with the role send: the one
+	// notifications sends must be among the provider's clients with it.
+	if v, ks := p.Services["notifications"].Environment["SMS_PROVIDER_API_KEY"], p.Services["smsprovider"].Environment["SMS_PROVIDER_API_KEYS"]; v == nil || ks == nil {
+		t.Error("notifications has no SMS_PROVIDER_API_KEY, or the provider no SMS_PROVIDER_API_KEYS")
+	} else if keys, err := service.ParseAPIKeys(*ks, service.RoleRead); err != nil {
+		t.Errorf("smsprovider: SMS_PROVIDER_API_KEYS: %v", err)
+	} else {
+		send := service.RequireAPIKey(keys)(service.RequireRole(service.RoleSend)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+		req := httptest.NewRequest(http.MethodPost, "/v1/messages", nil)
+		req.Header.Set("Authorization", "Bearer "+*v)
+		rec := httptest.NewRecorder()
+		if send.ServeHTTP(rec, req); rec.Code != http.StatusOK {
+			t.Errorf("notifications' SMS_PROVIDER_API_KEY at the provider's sender API: %d %s, want a key with the role send", rec.Code, rec.Body)
+		}
 	}
 	if _, ok := p.Services["payments"].DependsOn["stripe-mock"]; !ok {
 		t.Error("payments does not wait for stripe-mock")

@@ -89,6 +89,7 @@ var composeKeys = map[string]string{
 	"NOTIFICATIONS_READ_KEY": "dev-compose-notifications-read-0123456789abcdef",
 	"SMS_PROVIDER_READ_KEY":  "dev-compose-sms-read-0123456789abcdef",
 	"SMS_PROVIDER_ADMIN_KEY": "dev-compose-sms-admin-0123456789abcdef",
+	"SMS_PROVIDER_API_KEY":   "dev-compose-sms-send-0123456789abcdef",
 }
 
 func TestMain(m *testing.M) {

@@ -543,7 +543,7 @@ cmd_infra_up() {
 	# each key made once per stack and kept in .stack/keys/.
 	local rr ra nr sr sa
 	rr=$(dev_key rewards-read) ra=$(dev_key rewards-admin) nr=$(dev_key notifications-read)
-	sr=$(dev_key sms-read) sa=$(dev_key sms-admin)
+	sr=$(dev_key sms-read) sa=$(dev_key sms-admin) ss=$(dev_key sms-send)
 	local tmp=$STACK/env.tmp
 	{
 		echo "# Written by scripts/stack.sh infra-up; removed by down. Load it with: . .stack/env"
@@ -564,8 +564,10 @@ cmd_infra_up() {
 		env_line PAYMENTS_API_KEY "$api_key"
 		env_line PAYMENTS_API_KEYS "dev:$api_key"
 		# Rewards: read (wallets, rates) and admin (rate changes);
-		# notifications: read; the dev SMS provider: read (deliveries) and
-		# admin (fault injection). Callers send the *_KEY of the role.
+		# notifications: read; the dev SMS provider: read (deliveries),
+		# admin (fault injection) and send (its /v1/messages, which the
+		# notifications service calls with SMS_PROVIDER_API_KEY). Callers
+		# send the *_KEY of the role.
 		env_line REWARDS_READ_KEY "$rr"
 		env_line REWARDS_ADMIN_KEY "$ra"
 		env_line REWARDS_API_KEYS "dev-read/read:$rr,dev-admin/read+admin:$ra"
@@ -573,7 +575,8 @@ cmd_infra_up() {
 		env_line NOTIFICATIONS_API_KEYS "dev-read/read:$nr"
 		env_line SMS_PROVIDER_READ_KEY "$sr"
 		env_line SMS_PROVIDER_ADMIN_KEY "$sa"
-		env_line SMS_PROVIDER_API_KEYS "dev-read/read:$sr,dev-admin/read+admin:$sa"
+		env_line SMS_PROVIDER_API_KEY "$ss"
+		env_line SMS_PROVIDER_API_KEYS "dev-read/read:$sr,dev-admin/read+admin:$sa,notifications/send:$ss"
 		# The services bind this machine's loopback only; Stripe is stripe-mock.
 		env_line LISTEN_ADDR 127.0.0.1
 		env_line STRIPE_MOCK_FIXTURES true

@@ -168,7 +168,8 @@ type DevClient struct {
 // DevClients are the local stack's clients, one per service and role, as
 // scripts/stack.sh writes them to .stack/env: the payments client (pay),
 // a reader and an operator (read+admin) of rewards and of the SMS
-// provider, and a reader of notifications.
+// provider, a reader of notifications, and the notifications service
+// itself as the SMS provider's sender (send; it reads SMS_PROVIDER_API_KEY).
 var DevClients = []DevClient{
 	{"PAYMENTS_API_KEY", "dev", "PAYMENTS_API_KEYS"},
 	{"REWARDS_READ_KEY", "dev-read/read", "REWARDS_API_KEYS"},
@@ -176,6 +177,7 @@ var DevClients = []DevClient{
 	{"NOTIFICATIONS_READ_KEY", "dev-read/read", "NOTIFICATIONS_API_KEYS"},
 	{"SMS_PROVIDER_READ_KEY", "dev-read/read", "SMS_PROVIDER_API_KEYS"},
 	{"SMS_PROVIDER_ADMIN_KEY", "dev-admin/read+admin", "SMS_PROVIDER_API_KEYS"},
+	{"SMS_PROVIDER_API_KEY", "notifications/send", "SMS_PROVIDER_API_KEYS"},
 }
 
 // withDevDefaults returns env (a copy if it changes anything) with what a

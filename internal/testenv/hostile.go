@@ -34,7 +34,8 @@ type RouteKeys struct {
 // without the route's role may get through, and checks each answer: no
 // Authorization, a wrong key, the admin key under the Basic scheme and
 // another service's key are 401 with a Bearer challenge; the read key on
-// an admin route is 403 naming the role admin. No answer repeats a key.
+// a route of another role (admin, send) is 403 naming that role. No answer
+// repeats a key.
 // state is read before and after (a digest of the tables the API could
 // change): it must not move. A read route must then answer 200 to the read
 // key, so a route that refused everyone would fail here too.
@@ -54,11 +55,11 @@ func HostileRoutes(t *testing.T, baseURL string, routes []Route, keys RouteKeys,
 			{"another service's key", "Bearer " + keys.Foreign, http.StatusUnauthorized},
 			{"empty bearer", "Bearer ", http.StatusUnauthorized},
 		}
-		if rt.Role == service.RoleAdmin {
+		if rt.Role != service.RoleRead {
 			cases = append(cases, struct {
 				name, auth string
 				want       int
-			}{"read key on an admin route", "Bearer " + keys.Read, http.StatusForbidden})
+			}{"read key on a route of the role " + string(rt.Role), "Bearer " + keys.Read, http.StatusForbidden})
 		}
 		for _, c := range cases {
 			code, hdr, body := call(t, baseURL, rt, c.auth)
@@ -69,8 +70,8 @@ func HostileRoutes(t *testing.T, baseURL string, routes []Route, keys RouteKeys,
 			if c.want == http.StatusUnauthorized && !strings.HasPrefix(hdr.Get("WWW-Authenticate"), "Bearer") {
 				t.Errorf("%s: WWW-Authenticate %q, want a Bearer challenge", what, hdr.Get("WWW-Authenticate"))
 			}
-			if c.want == http.StatusForbidden && !strings.Contains(body, `\"admin\"`) {
-				t.Errorf("%s: body %s does not name the missing role admin", what, body)
+			if c.want == http.StatusForbidden && !strings.Contains(body, `\"`+string(rt.Role)+`\"`) {
+				t.Errorf("%s: body %s does not name the missing role %s", what, body, rt.Role)
 			}
 			for _, k := range []string{keys.Read, keys.Admin, keys.Foreign} {
 				if k != "" && strings.Contains(body, k) {

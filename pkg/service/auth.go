@@ -29,10 +29,14 @@ const (
 	RoleAdmin Role = "admin"
 	// RolePay charges, reads and refunds the client's own payments.
 	RolePay Role = "pay"
+	// RoleSend sends messages through a provider and looks them up: the
+	// dev SMS provider's /v1/messages, which the notifications service
+	// calls.
+	RoleSend Role = "send"
 )
 
 // Roles are every role ParseAPIKeys knows.
-var Roles = []Role{RoleRead, RoleAdmin, RolePay}
+var Roles = []Role{RoleRead, RoleAdmin, RolePay, RoleSend}
 
 // APIKeys are the clients of an API: each client's name, the digest of its
 // key and its roles. Parse it from "name[/role+role]:key,..." with

@@ -65,6 +65,17 @@ func TestANotifications500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
 	testenv.Internal500(t, r, testenv.Route{Method: http.MethodGet, Path: "/v1/notifications"}, "Bearer "+readKey, logs, "closed pool")
 }
 
+// Without its own key at the SMS provider the service refuses to start,
+// naming the variable, rather than offer every SMS to a provider that
+// would refuse it (401).
+func TestNotificationsRefusesToStartWithoutItsProviderKey(t *testing.T) {
+	cfg := app.Config{PolicyCashback: "resend", PolicyCashbackReversed: "resend", Port: "0", Access: testAccess}
+	_, err := app.New(context.Background(), cfg, nil, nil, nil, slog.Default())
+	if err == nil || !strings.Contains(err.Error(), "SMS_PROVIDER_API_KEY is empty") {
+		t.Errorf("no provider key: %v, want SMS_PROVIDER_API_KEY is empty", err)
+	}
+}
+
 // Without a reader's key the service refuses to start.
 func TestNotificationsRefusesToStartWithoutAReadKey(t *testing.T) {
 	cfg := app.Config{PolicyCashback: "resend", PolicyCashbackReversed: "resend", Port: "0",

@@ -7,6 +7,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -54,7 +55,11 @@ type Config struct {
 	// DedupeRetention is the inbox's dedupe window (>= SQS's 14 days + 1).
 	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
 
-	SMSProviderURL     string        `env:"SMS_PROVIDER_URL" envDefault:"http://127.0.0.1:8090"`
+	SMSProviderURL string `env:"SMS_PROVIDER_URL" envDefault:"http://127.0.0.1:8090"`
+	// SMSProviderAPIKey is this service's credential at the provider, a
+	// key with the role send in the dev provider's SMS_PROVIDER_API_KEYS
+	// (required unless Provider is set).
+	SMSProviderAPIKey  string        `env:"SMS_PROVIDER_API_KEY" secret:"true"`
 	SMSProviderTimeout time.Duration `env:"SMS_PROVIDER_TIMEOUT" envDefault:"10s"`
 	// SMSProviderLookup false hides the provider's lookup capability: unknown
 	// outcomes are then resolved by the SENDING_POLICY_* of their kind.
@@ -145,12 +150,16 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	if err != nil {
 		return nil, err
 	}
-	if err := Migrate(ctx, pool); err != nil {
-		return nil, err
-	}
 	provider := cfg.Provider
 	if provider == nil {
-		provider = sms.NewHTTPProvider(cfg.SMSProviderURL, cfg.SMSProviderTimeout)
+		if cfg.SMSProviderAPIKey == "" {
+			return nil, errors.New("SMS_PROVIDER_API_KEY is empty: the SMS provider's /v1/messages needs this service's key, one with the role send " +
+				"(for the dev provider, an entry of its SMS_PROVIDER_API_KEYS, e.g. notifications/send:$(openssl rand -hex 24))")
+		}
+		provider = sms.NewHTTPProvider(cfg.SMSProviderURL, cfg.SMSProviderAPIKey, cfg.SMSProviderTimeout)
+	}
+	if err := Migrate(ctx, pool); err != nil {
+		return nil, err
 	}
 	if !cfg.SMSProviderLookup {
 		provider = sms.WithoutLookup(provider)

@@ -43,15 +43,34 @@ type stack struct {
 	logs       *testenv.Buffer
 }
 
+// The dev SMS provider's clients in these tests: an operator, and this
+// service, which sends.
+const (
+	providerOpsKey  = "test-provider-ops-key-0123456789abcdef"
+	providerSendKey = "test-provider-send-key-0123456789abcdef"
+)
+
 func start(t *testing.T, mutate func(*app.Config)) *stack {
 	t.Helper()
 	s := &stack{t: t, pool: testenv.DB(t), sqs: testenv.SQS(t), provider: smsprovider.New(), logs: &testenv.Buffer{}}
 	s.queue, s.dlq = testenv.Queue(t, s.sqs, 5, 30*time.Second)
-	prov := httptest.NewServer(s.provider)
+	// The provider as its command serves it: the sender's API wants this
+	// service's key (the role send), so every delivery below also shows
+	// that the service sends it.
+	provAccess, err := service.AccessEnv{APIKeys: "ops/read+admin:" + providerOpsKey + ",notifications/send:" + providerSendKey,
+		RateLimit: 1000, AddressRateLimit: 1000, RateWindow: time.Second}.Parse("SMS_PROVIDER_", smsprovider.Needs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	provHandler, err := s.provider.Handler(provAccess)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prov := httptest.NewServer(provHandler)
 	t.Cleanup(prov.Close)
 	cfg := app.Config{
 		Port: "0", RewardsQueue: s.queue[strings.LastIndex(s.queue, "/")+1:], Concurrency: 4,
-		DedupeRetention: 360 * time.Hour, SMSProviderURL: prov.URL, SMSProviderTimeout: time.Second, SMSProviderLookup: true,
+		DedupeRetention: 360 * time.Hour, SMSProviderURL: prov.URL, SMSProviderAPIKey: providerSendKey, SMSProviderTimeout: time.Second, SMSProviderLookup: true,
 		SendingLease: 5 * time.Second, SendMaxAttempts: 5, SendRetryBase: 50 * time.Millisecond, SendRetryMax: time.Second,
 		SendConcurrency: 4, PolicyCashback: "resend", PolicyCashbackReversed: "resend", QueueWait: 10 * time.Second,
 		Subscriber: sqstransport.SubscriberConfig{WaitTime: time.Second, RetryBase: 100 * time.Millisecond, ShutdownGrace: 5 * time.Second},

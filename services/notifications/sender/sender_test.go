@@ -45,7 +45,7 @@ func setup(t *testing.T) *env {
 	p := smsprovider.New()
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
-	return &env{t: t, pool: pool, provider: p, client: sms.NewHTTPProvider(srv.URL, 200*time.Millisecond), url: srv.URL}
+	return &env{t: t, pool: pool, provider: p, client: sms.NewHTTPProvider(srv.URL, "", 200*time.Millisecond), url: srv.URL}
 }
 
 // fast is a sender config with test-sized timings: calls time out after
@@ -399,7 +399,7 @@ func TestConcurrentSendersDeliverOnce(t *testing.T) {
 	for range 3 {
 		cfg := fast()
 		cfg.PollInterval = 10 * time.Millisecond
-		s := e.sender(sms.NewHTTPProvider(e.url, time.Second), cfg)
+		s := e.sender(sms.NewHTTPProvider(e.url, "", time.Second), cfg)
 		wg.Go(func() { _ = s.Run(ctx) })
 	}
 	deadline := time.Now().Add(15 * time.Second)
@@ -477,7 +477,7 @@ func (e *env) acceptThenFail() *sms.HTTPProvider {
 		e.provider.ServeHTTP(w, r)
 	}))
 	e.t.Cleanup(srv.Close)
-	return sms.NewHTTPProvider(srv.URL, 200*time.Millisecond)
+	return sms.NewHTTPProvider(srv.URL, "", 200*time.Millisecond)
 }
 
 // A 5xx does not say the message was not accepted: it is an unknown outcome,

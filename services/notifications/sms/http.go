@@ -16,27 +16,34 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 )
 
-// HTTPProvider talks to an SMS provider over the dev provider's HTTP API:
+// HTTPProvider talks to an SMS provider over the dev provider's HTTP API,
+// every request with the header Authorization: Bearer <apiKey>:
 //
 //	POST /v1/messages                     Idempotency-Key header, {"to","body"} → {"message_id",...}
 //	GET  /v1/messages?idempotency_key=K   the message accepted under K, or 404
 //
 // It implements Provider and Looker.
 type HTTPProvider struct {
-	base   string
-	client *http.Client
+	base, auth string
+	client     *http.Client
 }
 
-// NewHTTPProvider returns a client of the provider at baseURL whose every
-// request (connect, send, wait for the answer) is bounded by timeout
-// (<= 0: 10 s). Keep it well under the sender's SENDING lease, so a live
-// sender always gives up before the reconciler takes its row.
-func NewHTTPProvider(baseURL string, timeout time.Duration) *HTTPProvider {
+// NewHTTPProvider returns a client of the provider at baseURL that sends
+// apiKey as its credential (empty: none) and whose every request (connect,
+// send, wait for the answer) is bounded by timeout (<= 0: 10 s). Keep it
+// well under the sender's SENDING lease, so a live sender always gives up
+// before the reconciler takes its row.
+func NewHTTPProvider(baseURL, apiKey string, timeout time.Duration) *HTTPProvider {
 	if timeout <= 0 {
 		timeout = 10 * time.Second
 	}
+	auth := ""
+	if apiKey != "" {
+		auth = "Bearer " + apiKey
+	}
 	return &HTTPProvider{
 		base: strings.TrimRight(baseURL, "/"),
+		auth: auth,
 		// otelhttp: a client span per request, and the traceparent header,
 		// so the provider's side of the call joins the payment's trace.
 		client: &http.Client{Timeout: timeout, Transport: otelhttp.NewTransport(&http.Transport{
@@ -72,7 +79,7 @@ func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", m.IdempotencyKey)
-	resp, err := p.client.Do(req)
+	resp, err := p.do(req)
 	if err != nil {
 		return Receipt{}, transportError(err)
 	}
@@ -93,6 +100,10 @@ func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 		// 409: the same key is still being processed; 429: refused before
 		// any work. Neither accepted it.
 		return Receipt{}, &Error{Retryable, fmt.Errorf("%s: %s", resp.Status, truncate(raw))}
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		// Refused before any work, for the credential, not the message:
+		// the message waits (retried) rather than failing for good.
+		return Receipt{}, &Error{Retryable, credentialError(resp, raw)}
 	case resp.StatusCode >= 500:
 		// A server error says nothing of what happened before it: the
 		// provider may have accepted the message and then failed. Like a
@@ -110,7 +121,7 @@ func (p *HTTPProvider) Lookup(ctx context.Context, key string) (Receipt, bool, e
 	if err != nil {
 		return Receipt{}, false, err
 	}
-	resp, err := p.client.Do(req)
+	resp, err := p.do(req)
 	if err != nil {
 		return Receipt{}, false, transportError(err)
 	}
@@ -125,9 +136,23 @@ func (p *HTTPProvider) Lookup(ctx context.Context, key string) (Receipt, bool, e
 		return Receipt{MessageID: mr.MessageID}, true, nil
 	case http.StatusNotFound:
 		return Receipt{}, false, nil
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return Receipt{}, false, fmt.Errorf("lookup: %w", credentialError(resp, raw))
 	default:
 		return Receipt{}, false, fmt.Errorf("lookup: %s: %s", resp.Status, truncate(raw))
 	}
+}
+
+func (p *HTTPProvider) do(req *http.Request) (*http.Response, error) {
+	if p.auth != "" {
+		req.Header.Set("Authorization", p.auth)
+	}
+	return p.client.Do(req)
+}
+
+func credentialError(resp *http.Response, raw []byte) error {
+	return fmt.Errorf("the provider refused this service's credential (SMS_PROVIDER_API_KEY, a key with the role send): %s: %s",
+		resp.Status, truncate(raw))
 }
 
 // transportError classifies an error of http.Client.Do: a failure to

@@ -18,10 +18,13 @@
 //	POST /v1/reset           forget every message and fault.
 //	GET  /healthz
 //
-// The first two are the sender's API, open as a provider's sandbox is
-// (ServeHTTP serves only them and /healthz). Handler adds the rest behind
-// API keys: deliveries and GET control need the role read (they hold phone
-// numbers), POST control and reset the role admin.
+// The first two are the sender's API. Handler, as the command serves it,
+// puts every route but /healthz behind API keys: the sender's API needs the
+// role send (a real provider wants its customer's credential, and a lookup
+// shows a phone number), deliveries and GET control the role read (they
+// hold phone numbers), POST control and reset the role admin. ServeHTTP,
+// for tests in process, serves only the sender's API and /healthz, with no
+// key.
 //
 // State lives in memory (it is a dev tool) and is safe for concurrent use.
 package smsprovider
@@ -115,20 +118,27 @@ func New() *Server {
 }
 
 // Needs are the roles Handler's routes need.
-var Needs = []service.Role{service.RoleRead, service.RoleAdmin}
+var Needs = []service.Role{service.RoleRead, service.RoleAdmin, service.RoleSend}
 
-// Handler is the provider as its command serves it: the sender's API and
-// /healthz open, deliveries and GET /v1/control behind a key with the role
-// read, POST /v1/control and /v1/reset behind the role admin (401 without
-// a key, 403 without the role), after access's rate limits.
+// Handler is the provider as its command serves it, every route but
+// /healthz behind a key (401 without one, 403 without the route's role):
+// the sender's API (send, lookup) needs the role send, as a real
+// provider's API wants the sender's credential; deliveries and GET
+// /v1/control need read; POST /v1/control and /v1/reset need admin. The
+// operator's routes come after access's rate limits. The sender's API has
+// none: the double answers as fast as it is asked, and a test that wants
+// it to refuse (429, 5xx) says so through POST /v1/control.
 func (s *Server) Handler(access service.Access) (http.Handler, error) {
 	if err := access.Keys.Need(Needs...); err != nil {
 		return nil, fmt.Errorf("smsprovider: %w", err)
 	}
 	r := chi.NewRouter()
-	r.Post("/v1/messages", s.send)
-	r.Get("/v1/messages", s.lookup)
 	r.Get("/healthz", health)
+	r.Group(func(r chi.Router) {
+		r.Use(service.RequireAPIKey(access.Keys), service.RequireRole(service.RoleSend))
+		r.Post("/v1/messages", s.send)
+		r.Get("/v1/messages", s.lookup)
+	})
 	r.Group(func(r chi.Router) {
 		access.Protect(r)
 		read, admin := service.RequireRole(service.RoleRead), service.RequireRole(service.RoleAdmin)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,17 +18,19 @@ import (
 	"github.com/effectively-once/payments-cashback/services/notifications/smsprovider"
 )
 
-// The provider's test clients: a reader and an operator.
+// The provider's test clients: a reader, an operator and a sender (the
+// notifications service).
 const (
 	readKey  = "sms-read-0123456789abcdef0123456789ab"
 	adminKey = "sms-admin-0123456789abcdef0123456789a"
+	sendKey  = "sms-send-0123456789abcdef0123456789ab"
 )
 
 // start serves the provider as its command does, behind the test keys.
 func start(t *testing.T) (*smsprovider.Server, *httptest.Server) {
 	t.Helper()
 	p := smsprovider.New()
-	keys, err := service.ParseAPIKeys("qa:"+readKey+",ops/read+admin:"+adminKey, service.RoleRead)
+	keys, err := service.ParseAPIKeys("qa:"+readKey+",ops/read+admin:"+adminKey+",notifications/send:"+sendKey, service.RoleRead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +61,7 @@ func send(t *testing.T, method, url, body string) *http.Response {
 func post(t *testing.T, url, key, body string) (*http.Response, map[string]any) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages", bytes.NewBufferString(body))
+	req.Header.Set("Authorization", "Bearer "+sendKey)
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
@@ -149,7 +153,7 @@ func TestBadRequests(t *testing.T) {
 // Lookup by key, through the service's own client.
 func TestLookup(t *testing.T) {
 	_, srv := start(t)
-	c := sms.NewHTTPProvider(srv.URL, time.Second)
+	c := sms.NewHTTPProvider(srv.URL, sendKey, time.Second)
 	ctx := context.Background()
 	if _, found, err := c.Lookup(ctx, "sms:a"); err != nil || found {
 		t.Fatalf("lookup before any send: found=%v err=%v; want a 404", found, err)
@@ -162,7 +166,9 @@ func TestLookup(t *testing.T) {
 	if err != nil || !found || got.MessageID != r.MessageID {
 		t.Errorf("lookup = %+v found=%v err=%v; want %s", got, found, err, r.MessageID)
 	}
-	resp, err := http.Get(srv.URL + "/v1/messages?idempotency_key=sms:nope")
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/messages?idempotency_key=sms:nope", nil)
+	req.Header.Set("Authorization", "Bearer "+sendKey)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +183,7 @@ func TestLookup(t *testing.T) {
 // unknown outcome; 429 is retryable and another 4xx fail_status a rejection.
 func TestFailNext(t *testing.T) {
 	_, srv := start(t)
-	c := sms.NewHTTPProvider(srv.URL, time.Second)
+	c := sms.NewHTTPProvider(srv.URL, sendKey, time.Second)
 	ctx := context.Background()
 	m := sms.Message{IdempotencyKey: "sms:a", To: "u_17", Body: "hi"}
 	control(t, srv.URL, `{"fail_next":2}`)
@@ -208,7 +214,7 @@ func TestFailNext(t *testing.T) {
 // finds the message.
 func TestHangAfterAccept(t *testing.T) {
 	_, srv := start(t)
-	c := sms.NewHTTPProvider(srv.URL, 200*time.Millisecond)
+	c := sms.NewHTTPProvider(srv.URL, sendKey, 200*time.Millisecond)
 	ctx := context.Background()
 	control(t, srv.URL, `{"hang_ms":1500,"hang_after_accept":true}`)
 	start := time.Now()
@@ -234,7 +240,7 @@ func TestHangAfterAccept(t *testing.T) {
 // A hang before accepting stores nothing until it ends.
 func TestHangBeforeAccept(t *testing.T) {
 	_, srv := start(t)
-	c := sms.NewHTTPProvider(srv.URL, 100*time.Millisecond)
+	c := sms.NewHTTPProvider(srv.URL, sendKey, 100*time.Millisecond)
 	ctx := context.Background()
 	control(t, srv.URL, `{"hang_ms":400,"hang_after_accept":false}`)
 	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:a", To: "u_17", Body: "hi"}); sms.Classify(err) != sms.Unknown {
@@ -248,7 +254,7 @@ func TestHangBeforeAccept(t *testing.T) {
 // Concurrent requests under one key deliver once, all get the same id.
 func TestConcurrentSameKey(t *testing.T) {
 	p, srv := start(t)
-	c := sms.NewHTTPProvider(srv.URL, 5*time.Second)
+	c := sms.NewHTTPProvider(srv.URL, sendKey, 5*time.Second)
 	ids := make([]string, 20)
 	var wg sync.WaitGroup
 	for i := range ids {
@@ -297,16 +303,40 @@ func TestConnectionRefusedIsRetryable(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	c := sms.NewHTTPProvider("http://"+addr, time.Second)
+	c := sms.NewHTTPProvider("http://"+addr, sendKey, time.Second)
 	if _, err := c.Send(context.Background(), sms.Message{IdempotencyKey: "sms:a", To: "u", Body: "b"}); sms.Classify(err) != sms.Retryable {
 		t.Errorf("connection refused: %v (%v), want retryable", err, sms.Classify(err))
 	}
 }
 
-// The provider's test-control routes refuse a caller without their role:
-// no key, a wrong key, the Basic scheme, another service's key (401), a
-// read key on control or reset (403 naming admin). Its deliveries and its
-// fault state are as they were: the next send is delivered.
+// A sender whose key the provider does not know (401), or whose key lacks
+// the role send (403), is refused before any work: the send is Retryable
+// (the message waits, nothing was delivered) and names the credential to
+// check; a lookup is an error, not "not found", which would read as never
+// accepted.
+func TestASenderWithoutTheRightKeyIsRetryableAndDeliversNothing(t *testing.T) {
+	p, srv := start(t)
+	ctx := context.Background()
+	for name, key := range map[string]string{"unknown key": "not-a-key-0123456789abcdef0123456789ab", "read key": readKey, "no key": ""} {
+		c := sms.NewHTTPProvider(srv.URL, key, time.Second)
+		_, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:a", To: "u_17", Body: "hi"})
+		if sms.Classify(err) != sms.Retryable || !strings.Contains(err.Error(), "SMS_PROVIDER_API_KEY") {
+			t.Errorf("%s: Send: %v (%v); want Retryable, naming SMS_PROVIDER_API_KEY", name, err, sms.Classify(err))
+		}
+		if _, found, err := c.Lookup(ctx, "sms:a"); found || err == nil {
+			t.Errorf("%s: Lookup: found %v, %v; want an error", name, found, err)
+		}
+	}
+	if d := p.Deliveries(); len(d) != 0 {
+		t.Errorf("deliveries after refused sends: %+v, want none", d)
+	}
+}
+
+// The provider's routes refuse a caller without their role: no key, a
+// wrong key, the Basic scheme, another service's key (401), a read key on
+// control or reset (403 naming admin) or on the sender's API (403 naming
+// send). Its deliveries and its fault state are as they were: the next
+// send is delivered, and looked up, with the sender's key.
 func TestHostileRequestsToTheProvidersControlRoutesAreRefusedAndChangeNothing(t *testing.T) {
 	p, srv := start(t)
 	post(t, srv.URL, "sms:a", msg)
@@ -315,11 +345,16 @@ func TestHostileRequestsToTheProvidersControlRoutesAreRefusedAndChangeNothing(t 
 		{Method: http.MethodGet, Path: "/v1/control", Role: service.RoleRead},
 		{Method: http.MethodPost, Path: "/v1/control", Body: `{"fail_next":100}`, Role: service.RoleAdmin},
 		{Method: http.MethodPost, Path: "/v1/reset", Role: service.RoleAdmin},
+		{Method: http.MethodPost, Path: "/v1/messages", Body: msg, Role: service.RoleSend},
+		{Method: http.MethodGet, Path: "/v1/messages?idempotency_key=sms:a", Role: service.RoleSend},
 	}, testenv.RouteKeys{Read: readKey, Admin: adminKey, Foreign: "payments-web-0123456789abcdef01234567"}, func() string {
 		b, _ := json.Marshal(p.Deliveries())
 		return string(b)
 	})
 	if r, _ := post(t, srv.URL, "sms:b", msg); r.StatusCode != http.StatusCreated {
 		t.Errorf("a send after the hostile requests: %d, want 201 (no fault was injected)", r.StatusCode)
+	}
+	if _, found, err := sms.NewHTTPProvider(srv.URL, sendKey, time.Second).Lookup(context.Background(), "sms:a"); !found || err != nil {
+		t.Errorf("lookup of sms:a with the sender's key: found %v, %v; want found", found, err)
 	}
 }

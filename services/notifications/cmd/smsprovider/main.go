@@ -3,15 +3,17 @@
 // services/notifications/smsprovider: idempotency keys, lookup by key,
 // fault injection and a list of what it "delivered", all in memory).
 //
-//	SMS_PROVIDER_PORT=8090 SMS_PROVIDER_API_KEYS=ops/read+admin:$(openssl rand -hex 24) \
+//	SMS_PROVIDER_PORT=8090 SMS_PROVIDER_API_KEYS=ops/read+admin:$(openssl rand -hex 24),notifications/send:$(openssl rand -hex 24) \
 //	  go run ./services/notifications/cmd/smsprovider
 //
 // It binds LISTEN_ADDR (default 127.0.0.1) and refuses an address that is
 // not loopback unless SMS_PROVIDER_ALLOW_REMOTE=true (as in a container,
 // where the notifications service calls it over the network).
-// SMS_PROVIDER_API_KEYS ("name[/read+admin]:key,...", an entry without
-// roles may read) guards its deliveries and fault-injection routes; some
-// client must hold read and some admin.
+// SMS_PROVIDER_API_KEYS ("name[/read+admin+send]:key,...", an entry
+// without roles may read) guards every route but /healthz: the sender's
+// /v1/messages (send; the notifications service's SMS_PROVIDER_API_KEY),
+// its deliveries (read) and fault injection (admin); some client must hold
+// each of the three.
 package main
 
 import (

@@ -12,8 +12,10 @@ import (
 // unless SMS_PROVIDER_ALLOW_REMOTE says so; without a reader's and an
 // operator's key it does not start.
 func TestTheTestDoubleBindsLoopbackAndRefusesARemoteAddressUnlessAllowed(t *testing.T) {
-	keys := service.AccessEnv{APIKeys: "ops/read+admin:sms-admin-0123456789abcdef0123456789a",
+	keys := service.AccessEnv{APIKeys: "ops/read+admin:sms-admin-0123456789abcdef0123456789a,notifications/send:sms-send-0123456789abcdef0123456789ab",
 		RateLimit: 10, AddressRateLimit: 10, RateWindow: time.Second}
+	noSender := keys
+	noSender.APIKeys = "ops/read+admin:sms-admin-0123456789abcdef0123456789a"
 	for _, c := range []struct {
 		cfg      config
 		addr     string
@@ -26,6 +28,8 @@ func TestTheTestDoubleBindsLoopbackAndRefusesARemoteAddressUnlessAllowed(t *test
 		{config{Port: "8090", ListenAddr: "10.1.2.3", Access: keys}, "", "SMS_PROVIDER_ALLOW_REMOTE=true"},
 		{config{Port: "8090", ListenAddr: "0.0.0.0", AllowRemote: true, Access: keys}, "0.0.0.0:8090", ""},
 		{config{Port: "8090", Access: service.AccessEnv{RateLimit: 1, AddressRateLimit: 1, RateWindow: time.Second}}, "", "SMS_PROVIDER_API_KEYS is empty"},
+		// No client may send: the notifications service would get 403 on every SMS.
+		{config{Port: "8090", Access: noSender}, "", "role send"},
 	} {
 		addr, _, err := build(c.cfg)
 		switch {
