@@ -19,6 +19,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
 	"github.com/effectively-once/payments-cashback/pkg/idempotent/inboxsqs"
 	"github.com/effectively-once/payments-cashback/pkg/migrate"
+	"github.com/effectively-once/payments-cashback/pkg/outage"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 	"github.com/effectively-once/payments-cashback/pkg/worker"
@@ -161,6 +162,14 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	if err := Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
+	// A provider that can be pinged gets an outage gate: while it is down,
+	// messages wait for it instead of spending their attempts.
+	var gate *outage.Gate
+	if p, ok := provider.(sms.Pinger); ok {
+		if gate, err = outage.NewGate(outage.GateConfig{Name: "sms provider", Probe: p.Ping, Logger: log}); err != nil {
+			return nil, err
+		}
+	}
 	if !cfg.SMSProviderLookup {
 		provider = sms.WithoutLookup(provider)
 	}
@@ -168,12 +177,12 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	snd, err := sender.New(pool, provider, sender.Config{
 		Wake: &committed, Concurrency: cfg.SendConcurrency, PollInterval: cfg.SenderPoll, SendTimeout: cfg.SMSProviderTimeout,
 		Lease: cfg.SendingLease, MaxAttempts: cfg.SendMaxAttempts, RetryBase: cfg.SendRetryBase, RetryMax: cfg.SendRetryMax,
-		Policies: policies, Logger: log,
+		Policies: policies, Gate: gate, Logger: log,
 	})
 	if err != nil {
 		return nil, err
 	}
-	log.Info("sender configured", "provider_lookup", snd.CanLookup(), "policies", policies, "lease", cfg.SendingLease)
+	log.Info("sender configured", "provider_lookup", snd.CanLookup(), "outage_gate", gate != nil, "policies", policies, "lease", cfg.SendingLease)
 
 	// Deletes DONE inbox rows once they fall out of the dedupe window.
 	maint, err := idempotent.NewMaintainer(pool, idempotent.MaintainerConfig{Retention: cfg.DedupeRetention, Logger: log})

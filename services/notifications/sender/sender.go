@@ -19,7 +19,11 @@
 //     nothing): accepted → SENT with the provider's message id; rejected →
 //     FAILED; retryable → PENDING with next_attempt_at backed off, or
 //     FAILED once MaxAttempts calls have been made; unknown outcome
-//     (timeout, connection lost) → resolved as below, at once. The SENT
+//     (timeout, connection lost) → resolved as below, at once. A failure
+//     that a probe of the provider confirms as its outage (Config.Gate)
+//     pauses the claims until the provider answers, and a message known
+//     not to be accepted goes back to PENDING with the attempt not
+//     counted, so an outage never uses up MaxAttempts. The SENT
 //     marks of calls that finish together are written by one statement
 //     (a group commit: while one mark is being written, the next ones
 //     queue and go in the following statement), each still fenced by its
@@ -61,6 +65,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/outage"
 	"github.com/effectively-once/payments-cashback/pkg/retry"
 	"github.com/effectively-once/payments-cashback/pkg/worker"
 	"github.com/effectively-once/payments-cashback/services/contract"
@@ -115,7 +120,16 @@ type Config struct {
 	// Wake, when set, ends the sender's sleep at once: notified when new
 	// rows are committed (idempotent.ProcessorConfig.Committed), so a
 	// notification does not wait for PollInterval.
-	Wake   *worker.Signal
+	Wake *worker.Signal
+	// Gate, when set, holds the sender back while the provider is down
+	// (an outage.Gate probing it, e.g. with sms.Pinger's Ping). A call
+	// that failed for want of the provider (unreachable, 5xx, 429) is
+	// confirmed by a probe; if the probe fails too, Run claims nothing more
+	// until a probe succeeds, and a message the provider is known not to
+	// have accepted goes back to PENDING, due at once, with that attempt
+	// not counted. Without a gate, an outage longer than the retry
+	// schedule (MaxAttempts calls) fails its messages for good.
+	Gate   *outage.Gate
 	Logger *slog.Logger
 }
 
@@ -233,6 +247,11 @@ func (s *Sender) Run(ctx context.Context) error {
 					s.log.ErrorContext(ctx, "notifications reconcile failed", "error", err)
 				}
 			}
+			// Nothing is claimed while the provider is down: the rows wait
+			// in PENDING, their attempts unspent.
+			if s.cfg.Gate.Wait(ctx) != nil {
+				return 0, false, nil // ctx ended
+			}
 			// Wait for one free slot, then take every other free one.
 			free := slots.Take(ctx, s.cfg.Concurrency)
 			if free == 0 {
@@ -347,6 +366,16 @@ func (s *Sender) send(ctx context.Context, r row) {
 	}
 	class := sms.Classify(err)
 	s.calls.Add(ctx, 1, metric.WithAttributes(attribute.String("result", class.String())))
+	// An outage, confirmed by the gate's probe, closes the gate. A message
+	// known not to be accepted then waits for the provider without its
+	// attempt counted; one whose outcome is unknown is resolved as ever
+	// (looked up, or by its kind's policy), since it may have been sent.
+	down := class != sms.Rejected && s.cfg.Gate.Suspect(ctx, err)
+	if down && class == sms.Retryable {
+		log.WarnContext(ctx, "provider unreachable: the message waits for it, this call not counted as an attempt", "error", err)
+		s.awaitProvider(ctx, r, err.Error(), log)
+		return
+	}
 	switch class {
 	case sms.Rejected:
 		log.ErrorContext(ctx, "provider rejected the message: FAILED", "error", err)
@@ -468,6 +497,17 @@ func (s *Sender) markFailed(ctx context.Context, r row, reason string, log *slog
 
 // retryLater puts r back to PENDING with a backoff, or FAILED when it has
 // had MaxAttempts calls.
+// awaitProvider puts r back to PENDING, due at once (the gate, not a
+// backoff, decides when it is claimed again), and takes back the attempt
+// its claim counted.
+func (s *Sender) awaitProvider(ctx context.Context, r row, lastErr string, log *slog.Logger) {
+	if err := s.fenced(ctx, r, `status = 'PENDING', attempts = attempts - 1, next_attempt_at = now(), last_error = $3`, lastErr); err != nil {
+		log.ErrorContext(ctx, "could not put back to PENDING", "error", err)
+		return
+	}
+	s.transition(ctx, "PENDING", "provider_unreachable")
+}
+
 func (s *Sender) retryLater(ctx context.Context, r row, lastErr string, log *slog.Logger) {
 	if r.Attempts >= s.cfg.MaxAttempts {
 		reason := fmt.Sprintf("gave up after %d attempts", r.Attempts)

@@ -22,7 +22,7 @@ import (
 //	POST /v1/messages                     Idempotency-Key header, {"to","body"} → {"message_id",...}
 //	GET  /v1/messages?idempotency_key=K   the message accepted under K, or 404
 //
-// It implements Provider and Looker.
+// It implements Provider, Looker and Pinger (GET /healthz).
 type HTTPProvider struct {
 	base, auth string
 	client     *http.Client
@@ -99,7 +99,7 @@ func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusConflict:
 		// 409: the same key is still being processed; 429: refused before
 		// any work. Neither accepted it.
-		return Receipt{}, &Error{Retryable, fmt.Errorf("%s: %s", resp.Status, truncate(raw))}
+		return Receipt{}, &Error{Retryable, statusError(resp, raw)}
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		// Refused before any work, for the credential, not the message:
 		// the message waits (retried) rather than failing for good.
@@ -109,10 +109,28 @@ func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 		// provider may have accepted the message and then failed. Like a
 		// timeout, the outcome is unknown: looked up where the provider can
 		// be asked, left to the kind's resend/skip policy where it cannot.
-		return Receipt{}, &Error{Unknown, fmt.Errorf("%s: %s", resp.Status, truncate(raw))}
+		return Receipt{}, &Error{Unknown, statusError(resp, raw)}
 	default:
-		return Receipt{}, &Error{Rejected, fmt.Errorf("%s: %s", resp.Status, truncate(raw))}
+		return Receipt{}, &Error{Rejected, statusError(resp, raw)}
 	}
+}
+
+// Ping asks the provider's GET /healthz whether it answers.
+func (p *HTTPProvider) Ping(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.base+"/healthz", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("provider health: %w", statusError(resp, raw))
+	}
+	return nil
 }
 
 // Lookup asks for the message accepted under key.
@@ -148,6 +166,24 @@ func (p *HTTPProvider) do(req *http.Request) (*http.Response, error) {
 		req.Header.Set("Authorization", p.auth)
 	}
 	return p.client.Do(req)
+}
+
+// HTTPError is a provider's answer other than success. Its HTTPStatusCode
+// lets outage.Unavailable tell a server error or throttling (5xx, 429),
+// which may be the provider's outage, from a verdict on the message.
+type HTTPError struct {
+	Status string // "503 Service Unavailable"
+	Code   int
+	Body   string // truncated
+}
+
+func (e *HTTPError) Error() string { return e.Status + ": " + e.Body }
+
+// HTTPStatusCode is the response's status code.
+func (e *HTTPError) HTTPStatusCode() int { return e.Code }
+
+func statusError(resp *http.Response, raw []byte) error {
+	return &HTTPError{Status: resp.Status, Code: resp.StatusCode, Body: truncate(raw)}
 }
 
 func credentialError(resp *http.Response, raw []byte) error {

@@ -45,6 +45,14 @@ type Looker interface {
 	Lookup(ctx context.Context, key string) (r Receipt, found bool, err error)
 }
 
+// Pinger is the optional capability of a provider that can be asked
+// whether it answers at all, whatever the message: the probe of the
+// sender's outage gate (sender.Config.Gate), so that a provider outage
+// holds messages back instead of using up their attempts.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // Class is what a send error means for the message.
 type Class int
 

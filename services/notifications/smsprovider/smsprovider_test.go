@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/payments-cashback/internal/testenv"
+	"github.com/effectively-once/payments-cashback/pkg/outage"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/notifications/sms"
 	"github.com/effectively-once/payments-cashback/services/notifications/smsprovider"
@@ -329,6 +330,30 @@ func TestASenderWithoutTheRightKeyIsRetryableAndDeliversNothing(t *testing.T) {
 	}
 	if d := p.Deliveries(); len(d) != 0 {
 		t.Errorf("deliveries after refused sends: %+v, want none", d)
+	}
+}
+
+// Ping says whether the provider answers at all (the probe of the sender's
+// outage gate). Of the send errors, a server error or throttling may be
+// the provider's outage (outage.Unavailable, for the gate to confirm); a
+// refusal of the message itself is not.
+func TestPingAndWhichSendErrorsMayBeAnOutage(t *testing.T) {
+	_, srv := start(t)
+	ctx := context.Background()
+	c := sms.NewHTTPProvider(srv.URL, sendKey, time.Second)
+	if err := c.Ping(ctx); err != nil {
+		t.Fatalf("Ping of a running provider: %v", err)
+	}
+	control(t, srv.URL, `{"fail_next":1}`)
+	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:a", To: "u_17", Body: "hi"}); !outage.Unavailable(err) {
+		t.Errorf("a 503: %v; want it counted as a possible outage", err)
+	}
+	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:b", To: "u_17"}); sms.Classify(err) != sms.Rejected || outage.Unavailable(err) {
+		t.Errorf("a message without a body: %v; want Rejected, not an outage", err)
+	}
+	srv.Close()
+	if err := c.Ping(ctx); err == nil || !outage.Unavailable(err) {
+		t.Errorf("Ping of a stopped provider: %v; want an unavailable error", err)
 	}
 }
 
