@@ -495,8 +495,6 @@ func (s *Sender) markFailed(ctx context.Context, r row, reason string, log *slog
 	s.transition(ctx, "FAILED", reason)
 }
 
-// retryLater puts r back to PENDING with a backoff, or FAILED when it has
-// had MaxAttempts calls.
 // awaitProvider puts r back to PENDING, due at once (the gate, not a
 // backoff, decides when it is claimed again), and takes back the attempt
 // its claim counted.
@@ -508,6 +506,8 @@ func (s *Sender) awaitProvider(ctx context.Context, r row, lastErr string, log *
 	s.transition(ctx, "PENDING", "provider_unreachable")
 }
 
+// retryLater puts r back to PENDING with a backoff, or FAILED when it has
+// had MaxAttempts calls.
 func (s *Sender) retryLater(ctx context.Context, r row, lastErr string, log *slog.Logger) {
 	if r.Attempts >= s.cfg.MaxAttempts {
 		reason := fmt.Sprintf("gave up after %d attempts", r.Attempts)
