@@ -81,13 +81,13 @@ func Main[C Configured](name string, databaseURL func(C) string, build func(cont
 // run a whole service in their process.
 func Serve[C Configured](ctx context.Context, name string, cfg C, log *slog.Logger, databaseURL func(C) string, build func(context.Context, C, Deps) (App, error)) error {
 	LogConfig(log, cfg)
-	var pprofTask Task
+	var extra []Task // the process's own, beside the app's
 	if addr := cfg.ProcessConfig().PprofAddr; addr != "" {
 		t, err := PprofTask(addr, log)
 		if err != nil {
 			return err
 		}
-		pprofTask = t
+		extra = append(extra, t)
 	}
 	tel, err := SetupTelemetry(name)
 	if err != nil {
@@ -109,9 +109,5 @@ func Serve[C Configured](ctx context.Context, name string, cfg C, log *slog.Logg
 		return fmt.Errorf("start: %w", err)
 	}
 	defer app.Close()
-	tasks := app.Tasks()
-	if pprofTask.Run != nil {
-		tasks = append(tasks, pprofTask)
-	}
-	return Run(ctx, log, cfg.ProcessConfig().ShutdownTimeout, tasks...)
+	return Run(ctx, log, cfg.ProcessConfig().ShutdownTimeout, append(app.Tasks(), extra...)...)
 }
