@@ -157,7 +157,7 @@ func (p *HTTPProvider) Lookup(ctx context.Context, key string) (Receipt, bool, e
 	case http.StatusUnauthorized, http.StatusForbidden:
 		return Receipt{}, false, fmt.Errorf("lookup: %w", credentialError(resp, raw))
 	default:
-		return Receipt{}, false, fmt.Errorf("lookup: %s: %s", resp.Status, truncate(raw))
+		return Receipt{}, false, fmt.Errorf("lookup: %w", statusError(resp, raw))
 	}
 }
 
@@ -187,8 +187,8 @@ func statusError(resp *http.Response, raw []byte) error {
 }
 
 func credentialError(resp *http.Response, raw []byte) error {
-	return fmt.Errorf("the provider refused this service's credential (SMS_PROVIDER_API_KEY, a key with the role send): %s: %s",
-		resp.Status, truncate(raw))
+	return fmt.Errorf("the provider refused this service's credential (SMS_PROVIDER_API_KEY, a key with the role send): %w",
+		statusError(resp, raw))
 }
 
 // transportError classifies an error of http.Client.Do: a failure to
