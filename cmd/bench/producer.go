@@ -176,6 +176,10 @@ func paymentRequest(pool *pgxpool.Pool, wake *outbox.Notifier, newPayment func()
 	if err != nil {
 		return nil, err
 	}
+	insert := insertPayment
+	if wake != nil {
+		insert = store.InsertSucceeded
+	}
 	return func(ctx context.Context, _ int) (int, error) {
 		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/payments", nil)
 		r.Header.Set(httpidem.HeaderKey, uuid.NewString())
@@ -185,10 +189,6 @@ func paymentRequest(pool *pgxpool.Pool, wake *outbox.Notifier, newPayment func()
 			func(ctx context.Context, a *httpidem.Attempt) error {
 				p.ID = a.ResourceID
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					insert := insertPayment
-					if wake != nil {
-						insert = store.InsertSucceeded
-					}
 					stored, err := insert(ctx, tx, p)
 					if err != nil {
 						return err
