@@ -161,8 +161,9 @@ func Decode(body []byte) (Envelope, error) {
 //
 // Every message is checked, so the common case is a single pass over the
 // bytes that allocates only for the names; a name seen twice (or an
-// escaped name, which only a decoder can compare) is confirmed by
-// encoding/json's tokenizer, whose answer is the one returned.
+// escaped name or one that is not UTF-8, which only a decoder can compare)
+// is confirmed by encoding/json's tokenizer, whose answer is the one
+// returned.
 func DuplicateField(body []byte) (string, bool) {
 	if !mayRepeatField(body) {
 		return "", false
@@ -171,8 +172,8 @@ func DuplicateField(body []byte) (string, bool) {
 }
 
 // mayRepeatField scans the top-level object of body and reports whether a
-// name appears twice or is escaped; false also for what it cannot parse
-// (Decode then rejects the body as malformed).
+// name appears twice, is escaped or is not UTF-8; false also for what it
+// cannot parse (Decode then rejects the body as malformed).
 func mayRepeatField(b []byte) bool {
 	i := skipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
@@ -198,7 +199,9 @@ func mayRepeatField(b []byte) bool {
 		if end < 0 {
 			return false
 		}
-		if escaped {
+		// An escape, or bytes that are not UTF-8 (decoded as U+FFFD, so two
+		// different ones are one name), is compared only by a decoder.
+		if escaped || !utf8.Valid(b[i+1:end-1]) {
 			return true
 		}
 		name := string(b[i+1 : end-1])

@@ -150,6 +150,18 @@ func TestDecodeRefusesDuplicateFieldsAndBytesThatAreNotUTF8(t *testing.T) {
 	}
 }
 
+// Names are compared as encoding/json decodes them: two names whose bytes
+// differ but are not valid UTF-8 both decode to U+FFFD, the same name, as
+// an escaped name and its plain spelling do.
+func TestDuplicateFieldComparesDecodedNames(t *testing.T) {
+	for _, body := range []string{"{\"\xf5\":0,\"\xe8\":0}", `{"a\u0062":1,"ab":2}`} {
+		want, wantDup := DuplicateFieldByTokens([]byte(body))
+		if got, dup := DuplicateField([]byte(body)); !wantDup || got != want || !dup {
+			t.Errorf("DuplicateField(%q) = %q, %v; want %q, true", body, got, dup, want)
+		}
+	}
+}
+
 // A body with very many fields is scanned in linear time: 100,000 distinct
 // names, then a repeat of the first, are found in well under a second
 // (a pairwise comparison would take minutes).
