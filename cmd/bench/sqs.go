@@ -283,6 +283,7 @@ func (s *series) row(rep *report, sec string) {
 type relayCase struct {
 	series
 	replicas, workers, calls int
+	deleteOnPublish          bool
 	pool                     *pgxpool.Pool
 	queue                    string
 	publishShare             []float64 // per round
@@ -319,6 +320,8 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 			unit: "rows/s", base: "bare_send"}, replicas: 2, workers: relayWorkers, calls: relayInFlight},
 		{series: series{key: "relay_r1_w4", name: fmt.Sprintf("outbox relay, 1 replica, tuned: 4 workers (still %d calls in flight)", relayInFlight),
 			unit: "rows/s", base: "bare_send"}, replicas: 1, workers: 4, calls: relayInFlight},
+		{series: series{key: "relay_r1_delete", name: fmt.Sprintf("outbox relay, 1 replica, DeleteOnPublish (%d workers, %d calls in flight)", relayWorkers, relayInFlight),
+			unit: "rows/s", base: "bare_send"}, replicas: 1, workers: relayWorkers, calls: relayInFlight, deleteOnPublish: true},
 	}
 	wm := &series{key: "peer_watermill", name: "Watermill v1.5.1 Forwarder (watermill-sql v4.1.2 outbox → SQS)", unit: "rows/s"}
 	for _, rc := range relays {
@@ -533,7 +536,7 @@ func relayRound(ctx context.Context, sq *sqsEnv, rc *relayCase, per int) (time.D
 	for i := range relays {
 		pub := &busyPublisher{next: sqstransport.NewPublisher(sq.client, rc.queue, rc.calls), busy: busy}
 		r, err := outbox.NewRelay(pools[i], pub,
-			outbox.RelayConfig{Workers: rc.workers, Logger: quiet})
+			outbox.RelayConfig{Workers: rc.workers, DeleteOnPublish: rc.deleteOnPublish, Logger: quiet})
 		if err != nil {
 			return 0, nil, err
 		}

@@ -76,6 +76,15 @@ type RelayConfig struct {
 	// mode, where a session's LISTEN does not survive); polling alone then
 	// drives the relay.
 	DisableListen bool
+	// DeleteOnPublish deletes each row the queue accepted, in its batch's
+	// transaction, instead of marking it published. A row then costs its
+	// claim's lock and a delete: no new row version, no index entries, no
+	// later cleanup. The guarantee is the same (a row leaves the outbox only
+	// once the queue has accepted it, and a crash before the COMMIT leaves
+	// it to be sent again), but a published row is gone at once, with
+	// nothing left to inspect: published_at is never set. Failed sends are
+	// rescheduled as without it. Default off.
+	DeleteOnPublish bool
 	// KeepPublished is how long published rows stay for inspection before
 	// the cleanup deletes them [24h]; CleanupInterval is how often it runs [1m].
 	KeepPublished, CleanupInterval time.Duration
@@ -119,8 +128,9 @@ func (c *RelayConfig) defaults() {
 // READ COMMITTED transaction: it locks the due rows with FOR UPDATE SKIP
 // LOCKED (the lock is the claim: replicas skip the rows and never wait on
 // each other nor fail to serialise), publishes them, and records each row's
-// outcome just before COMMIT, so a row costs one write. A row is marked
-// published only after the publisher accepted it; a relay that dies in
+// outcome just before COMMIT, so a row costs one write besides its lock
+// (an UPDATE, or with DeleteOnPublish a DELETE). A row is marked published
+// (or deleted) only after the publisher accepted it; a relay that dies in
 // between takes its transaction with it, and the rows are sent again.
 type Relay struct {
 	pool *pgxpool.Pool
@@ -154,7 +164,7 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 	}
 	m := mp.Meter("github.com/effectively-once/payments-cashback/pkg/outbox")
 	var err error
-	if r.published, err = m.Int64Counter("outbox_published_total", metric.WithDescription("Outbox rows published and marked.")); err != nil {
+	if r.published, err = m.Int64Counter("outbox_published_total", metric.WithDescription("Outbox rows published and marked (or deleted, with DeleteOnPublish).")); err != nil {
 		return nil, err
 	}
 	if r.failures, err = m.Int64Counter("outbox_publish_failures_total", metric.WithDescription("Outbox rows whose publish failed and was rescheduled.")); err != nil {
@@ -422,6 +432,11 @@ func rollback(ctx context.Context, conn *pgx.Conn) {
 const markSQL = `UPDATE outbox SET published_at = now(), attempts = attempts + 1, claimed_until = NULL, last_error = NULL
 		WHERE id = ANY($1) AND published_at IS NULL`
 
+// deleteSQL is markSQL under DeleteOnPublish: the rows leave the table
+// instead. published_at IS NULL keeps a row marked before the switch for
+// the cleanup, as markSQL leaves it alone.
+const deleteSQL = `DELETE FROM outbox WHERE id = ANY($1) AND published_at IS NULL`
+
 // rescheduleSQL is assembled once, from constants: the retry policy's
 // schedule as SQL over the row's attempts, this failure included, every
 // value a parameter.
@@ -450,7 +465,11 @@ func (r *Relay) finish(ctx context.Context, conn *pgx.Conn, ok [][16]byte, faile
 	b := &pgx.Batch{}
 	var published int64
 	if len(ok) > 0 {
-		b.Queue(markSQL, ok).Exec(func(tag pgconn.CommandTag) error {
+		sql := markSQL
+		if r.cfg.DeleteOnPublish {
+			sql = deleteSQL
+		}
+		b.Queue(sql, ok).Exec(func(tag pgconn.CommandTag) error {
 			published = tag.RowsAffected()
 			return nil
 		})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -104,7 +105,17 @@ func TestCrashBetweenPublishAndMarkRepublishesAndConsumerAppliesOnce(t *testing.
 // mid-batch), consumers received each, and no relay logs an error (no
 // serialization failures, no deadlocks).
 func TestReplicasMarkEachRowExactlyOnce(t *testing.T) {
-	const rows, replicas = 10_000, 4
+	replicasPublishEachRowOnce(t, 10_000, outbox.RelayConfig{})
+}
+
+// The same with DeleteOnPublish, over fewer rows: each row is accepted by
+// the queue exactly once, and then it is gone from the table.
+func TestReplicasDeleteEachRowExactlyOnce(t *testing.T) {
+	replicasPublishEachRowOnce(t, 2_000, outbox.RelayConfig{DeleteOnPublish: true})
+}
+
+func replicasPublishEachRowOnce(t *testing.T, rows int, cfg outbox.RelayConfig) {
+	const replicas = 4
 	ctx := context.Background()
 	pool := setup(t)
 	c, q, pub := queue(t)
@@ -123,8 +134,9 @@ func TestReplicasMarkEachRowExactlyOnce(t *testing.T) {
 	pubs := make([]*countingPublisher, replicas)
 	for i := range replicas {
 		pubs[i] = &countingPublisher{next: pub}
-		r := newRelay(t, replicaPool(t, pool), pubs[i], outbox.RelayConfig{
-			Workers: 2, PollInterval: 100 * time.Millisecond, Logger: slog.New(logs)})
+		c := cfg
+		c.Workers, c.PollInterval, c.Logger = 2, 100*time.Millisecond, slog.New(logs)
+		r := newRelay(t, replicaPool(t, pool), pubs[i], c)
 		runRelay(t, r)
 	}
 
@@ -166,6 +178,13 @@ func TestReplicasMarkEachRowExactlyOnce(t *testing.T) {
 	stopDrain()
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
+	}
+	kept, wantKept := count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`), int64(rows)
+	if cfg.DeleteOnPublish {
+		wantKept = 0
+	}
+	if left := count(t, pool, `SELECT count(*) FROM outbox`); kept != wantKept || left != wantKept {
+		t.Errorf("outbox holds %d rows, %d of them marked published; want %d rows, all marked (DeleteOnPublish %v)", left, kept, wantKept, cfg.DeleteOnPublish)
 	}
 
 	accepted := make(map[uuid.UUID]int, rows)
@@ -347,6 +366,71 @@ func state(t testing.TB, pool interface {
 	}
 	s.DueIn = time.Duration(secs * float64(time.Second))
 	return s
+}
+
+// With DeleteOnPublish a row is deleted in its claim's transaction, and
+// only once the queue accepted it: a crash between publish and delete
+// leaves every row as it was (sent again, at least once); a failed send is
+// rescheduled with backoff as in the default mode, and deleted once it is
+// sent; a row marked published before the switch is left to the cleanup.
+func TestDeleteOnPublishDeletesOnlyWhatTheQueueAccepted(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	c, q, pub := queue(t)
+	marked := newEvent(t, 0)
+	addCommitted(t, ctx, pool, marked)
+	if n, err := newRelay(t, pool, pub, outbox.RelayConfig{}).RelayOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("default relay: %d, %v; want the row published", n, err)
+	}
+	failing, fine := newEvent(t, 1), newEvent(t, 2)
+	addCommitted(t, ctx, pool, failing, fine)
+	cfg := outbox.RelayConfig{DeleteOnPublish: true, RetryBase: time.Minute, RetryMax: time.Hour}
+
+	disable := failpoint.Enable(failpoint.AfterPublishBeforeMark, 1)
+	n, err := newRelay(t, pool, pub, cfg).RelayOnce(ctx)
+	disable()
+	if n != 2 || err == nil {
+		t.Fatalf("RelayOnce at the failpoint: %d, %v; want 2 rows and the crash error", n, err)
+	}
+	for _, e := range []events.Envelope{failing, fine} {
+		if s := state(t, pool, e.EventID); s.Published || s.Attempts != 0 {
+			t.Fatalf("after the crash, %s: %+v; want the row kept, nothing recorded", e.AggregateID, s)
+		}
+	}
+
+	flaky := &flakyPublisher{next: pub, failIDs: map[uuid.UUID]int{failing.EventID: 1}}
+	relay := newRelay(t, pool, flaky, cfg)
+	if n, err := relay.RelayOnce(ctx); n != 2 || err != nil {
+		t.Fatalf("RelayOnce: %d, %v; want 2 rows claimed", n, err)
+	}
+	if left := count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1`, fine.EventID); left != 0 {
+		t.Fatalf("the accepted row is still in the outbox; want it deleted")
+	}
+	s := state(t, pool, failing.EventID)
+	if s.Published || s.Attempts != 1 || s.LastError == nil || s.DueIn < 30*time.Second {
+		t.Fatalf("the failed row: %+v; want it kept, attempt 1 recorded with its error, due in about a minute", s)
+	}
+	if m := state(t, pool, marked.EventID); !m.Published {
+		t.Fatalf("the row marked before the switch: %+v; want it left as it was", m)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE outbox SET next_attempt_at = now() WHERE id = $1`, failing.EventID); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.RelayOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("RelayOnce once due: %d, %v; want the failed row", n, err)
+	}
+	if left := count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`); left != 0 {
+		t.Fatalf("%d unpublished rows left; want none", left)
+	}
+
+	got := map[string]int{}
+	for _, m := range receive(t, c, q, 5, 10*time.Second, true) {
+		got[m.Attributes["event_id"]]++
+	}
+	want := map[string]int{marked.EventID.String(): 1, failing.EventID.String(): 2, fine.EventID.String(): 2}
+	if !maps.Equal(got, want) {
+		t.Fatalf("sends per event %v; want %v (the crashed batch twice, the failed send once)", got, want)
+	}
 }
 
 // A failed send is rescheduled in the database (attempts, last_error,

@@ -5,8 +5,8 @@ import "time"
 // RelayEnv is the environment tuning of a Relay, read by the service's
 // configuration loader (this package reads no environment) and embedded
 // with `envPrefix:"RELAY_"`: RELAY_LEASE, RELAY_POLL_INTERVAL,
-// RELAY_BATCH_SIZE, RELAY_WORKERS, RELAY_RETRY_BASE, RELAY_RETRY_MAX. Unset
-// means the library default. (The e2e suite shortens the lease so a relay
+// RELAY_BATCH_SIZE, RELAY_WORKERS, RELAY_RETRY_BASE, RELAY_RETRY_MAX,
+// RELAY_DELETE_ON_PUBLISH. Unset means the library default. (The e2e suite shortens the lease so a relay
 // killed between publish and mark is replaced in seconds.)
 type RelayEnv struct {
 	Lease        time.Duration `env:"LEASE"`
@@ -15,6 +15,8 @@ type RelayEnv struct {
 	Workers      int           `env:"WORKERS"`
 	RetryBase    time.Duration `env:"RETRY_BASE"`
 	RetryMax     time.Duration `env:"RETRY_MAX"`
+	// DeleteOnPublish: true sets RelayConfig.DeleteOnPublish.
+	DeleteOnPublish bool `env:"DELETE_ON_PUBLISH"`
 }
 
 // Apply copies the values that are set into the zero fields of c.
@@ -25,6 +27,7 @@ func (e RelayEnv) Apply(c *RelayConfig) {
 	fill(&c.Workers, e.Workers)
 	fill(&c.RetryBase, e.RetryBase)
 	fill(&c.RetryMax, e.RetryMax)
+	c.DeleteOnPublish = c.DeleteOnPublish || e.DeleteOnPublish
 }
 
 func fill[T time.Duration | int](dst *T, v T) {

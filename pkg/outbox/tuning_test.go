@@ -18,7 +18,19 @@ func TestRelayEnvFillsOnlyWhatCodeLeftZero(t *testing.T) {
 	}
 	rc := RelayConfig{Workers: 3} // set in code: kept
 	cfg.Relay.Apply(&rc)
-	if rc.Lease != 2*time.Second || rc.BatchSize != 7 || rc.PollInterval != 0 || rc.Workers != 3 {
+	if rc.Lease != 2*time.Second || rc.BatchSize != 7 || rc.PollInterval != 0 || rc.Workers != 3 || rc.DeleteOnPublish {
 		t.Errorf("relay config %+v", rc)
+	}
+	err = env.ParseWithOptions(&cfg, env.Options{Environment: map[string]string{"RELAY_DELETE_ON_PUBLISH": "true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc = RelayConfig{}
+	if cfg.Relay.Apply(&rc); !rc.DeleteOnPublish {
+		t.Errorf("RELAY_DELETE_ON_PUBLISH=true: relay config %+v", rc)
+	}
+	err = env.ParseWithOptions(&cfg, env.Options{Environment: map[string]string{"RELAY_DELETE_ON_PUBLISH": "maybe"}})
+	if err == nil {
+		t.Errorf("RELAY_DELETE_ON_PUBLISH=maybe: no error")
 	}
 }
