@@ -8,6 +8,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -141,9 +145,48 @@ func TestACopyMadeWithGonewUnderANewModulePathBuildsAndPassesItsUnitTests(t *tes
 			t.Errorf("the copy still imports %s", d)
 		}
 	}
+	// Nor does any of its strings: instrumentation scopes and the like
+	// name the package they are in, whatever its module.
+	for _, l := range oldPathLiterals(t, dst, module) {
+		t.Errorf("the copy still names the old module path: %s", l)
+	}
 	run(t, dst, nil, "go", "build", "./...")
 	out := run(t, dst, nil, "go", append([]string{"test", "-short", "-count=1"}, unitPackages...)...)
 	if strings.Count(out, "ok  \t"+newPath+"/") != len(unitPackages) {
 		t.Errorf("the copy's unit tests:\n%s", out)
 	}
+}
+
+// oldPathLiterals lists the string literals of the Go files under dir,
+// imports aside, that contain module: what gonew, which rewrites imports
+// only, leaves naming the old path.
+func oldPathLiterals(t *testing.T, dir, module string) []string {
+	t.Helper()
+	var found []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".go") {
+			return err
+		}
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, p, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		imports := map[*ast.BasicLit]bool{}
+		for _, im := range f.Imports {
+			imports[im.Path] = true
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if l, ok := n.(*ast.BasicLit); ok && l.Kind == token.STRING && !imports[l] && strings.Contains(l.Value, module) {
+				rel, _ := filepath.Rel(dir, fset.Position(l.Pos()).Filename)
+				found = append(found, fmt.Sprintf("%s:%d %s", rel, fset.Position(l.Pos()).Line, l.Value))
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return found
 }

@@ -40,6 +40,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strconv"
 	"time"
 	"unicode"
@@ -150,7 +151,7 @@ type Store struct {
 // New returns a Store on pool (whose database has been migrated).
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	cfg.defaults()
-	c, err := otel.Meter("github.com/effectively-once/payments-cashback/pkg/httpidem").Int64Counter(
+	c, err := otel.Meter(otelScope).Int64Counter(
 		"http_idempotency_requests_total",
 		metric.WithDescription("Requests carrying an Idempotency-Key, by outcome: executed, retried, replayed, in_flight, mismatch, released, lock_lost."))
 	if err != nil {
@@ -500,3 +501,8 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// otelScope names this package's instrumentation (meter, tracer) by its import
+// path, read from the compiled package rather than written out, so that a
+// copy under another module path (gonew) names itself.
+var otelScope = reflect.TypeFor[Config]().PkgPath()

@@ -37,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -115,7 +116,10 @@ func NewConsumer(pool *pgxpool.Pool, name string, opts ...Option) (*Consumer, er
 	return c, nil
 }
 
-const meterName = "github.com/effectively-once/payments-cashback/pkg/idempotent"
+// meterName names this package's instrumentation (meter, tracer) by its import
+// path, read from the compiled package rather than written out, so that a
+// copy under another module path (gonew) names itself.
+var meterName = reflect.TypeFor[Item]().PkgPath()
 
 // Name is the consumer name that scopes the keys.
 func (c *Consumer) Name() string { return c.name }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"time"
 
@@ -75,7 +76,7 @@ func NewGate(cfg GateConfig) (*Gate, error) {
 		cfg.Logger = slog.Default()
 	}
 	g := &Gate{cfg: cfg, log: cfg.Logger.With("gate", cfg.Name)}
-	m := otel.Meter("github.com/effectively-once/payments-cashback/pkg/outage")
+	m := otel.Meter(otelScope)
 	var err error
 	if g.outages, err = m.Int64Counter("outage_gate_closed_total",
 		metric.WithDescription("Outages confirmed by a failed probe: the consumer stopped receiving until the dependency answered.")); err != nil {
@@ -225,3 +226,8 @@ func (g *Gate) Check(context.Context) error {
 	}
 	return fmt.Errorf("paused: %s unreachable for %v", g.cfg.Name, time.Since(g.since).Round(time.Second))
 }
+
+// otelScope names this package's instrumentation (meter, tracer) by its import
+// path, read from the compiled package rather than written out, so that a
+// copy under another module path (gonew) names itself.
+var otelScope = reflect.TypeFor[Gate]().PkgPath()

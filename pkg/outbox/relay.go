@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"time"
 
@@ -162,7 +163,7 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	m := mp.Meter("github.com/effectively-once/payments-cashback/pkg/outbox")
+	m := mp.Meter(otelScope)
 	var err error
 	if r.published, err = m.Int64Counter("outbox_published_total", metric.WithDescription("Outbox rows published and marked (or deleted, with DeleteOnPublish).")); err != nil {
 		return nil, err
@@ -589,3 +590,8 @@ func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 		}
 	}
 }
+
+// otelScope names this package's instrumentation (meter, tracer) by its import
+// path, read from the compiled package rather than written out, so that a
+// copy under another module path (gonew) names itself.
+var otelScope = reflect.TypeFor[Relay]().PkgPath()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -167,7 +168,7 @@ func NewSubscriber(client *sqs.Client, cfg SubscriberConfig, handler Handler) (*
 	}
 	s := &Subscriber{client: client, cfg: cfg, handler: handler, log: cfg.Logger.With("queue", queueName(cfg.QueueURL)),
 		attrQueue: attribute.String("queue", queueName(cfg.QueueURL))}
-	m := otel.Meter("github.com/effectively-once/payments-cashback/pkg/sqstransport")
+	m := otel.Meter(otelScope)
 	var err error
 	for _, c := range []struct {
 		dst        *metric.Int64Counter
@@ -331,7 +332,7 @@ func (s *Subscriber) decode(ctx context.Context, m types.Message) (d Delivery, l
 // startSpan continues the message's trace (its traceparent attribute).
 func (s *Subscriber) startSpan(ctx context.Context, d Delivery) (context.Context, trace.Span) {
 	ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier(d.Attributes))
-	return otel.Tracer("sqstransport").Start(ctx, "process "+d.Envelope.EventType,
+	return otel.Tracer(otelScope).Start(ctx, "process "+d.Envelope.EventType,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("messaging.message.id", d.SQSMessageID), attribute.String("event_id", d.Envelope.EventID.String())))
 }
@@ -619,3 +620,8 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-time.After(d):
 	}
 }
+
+// otelScope names this package's instrumentation (meter, tracer) by its import
+// path, read from the compiled package rather than written out, so that a
+// copy under another module path (gonew) names itself.
+var otelScope = reflect.TypeFor[Publisher]().PkgPath()

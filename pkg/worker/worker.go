@@ -24,6 +24,7 @@ package worker
 import (
 	"context"
 	"log/slog"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,7 +94,10 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-const meterName = "github.com/effectively-once/payments-cashback/pkg/worker"
+// meterName names this package's instrumentation (meter, tracer) by its import
+// path, read from the compiled package rather than written out, so that a
+// copy under another module path (gonew) names itself.
+var meterName = reflect.TypeFor[Config]().PkgPath()
 
 // Run runs cfg.Workers loops of pass until ctx ends, lets the passes in
 // progress finish (up to cfg.Grace) and returns nil. Its metrics, each

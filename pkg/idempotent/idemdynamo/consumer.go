@@ -38,6 +38,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"time"
 
@@ -127,7 +128,7 @@ func NewConsumer(db API, name string, cfg Config) (*Consumer, error) {
 	}
 	c := &Consumer{db: db, name: name, cfg: cfg, now: time.Now}
 	var err error
-	c.outcomes, err = otel.Meter("github.com/effectively-once/payments-cashback/pkg/idempotent/idemdynamo").Int64Counter(
+	c.outcomes, err = otel.Meter(otelScope).Int64Counter(
 		"idempotent_dynamodb_messages_total",
 		metric.WithDescription("Messages seen by a DynamoDB idempotent consumer, by outcome (applied, duplicate, conflict, expired, failed)."))
 	if err != nil {
@@ -341,3 +342,8 @@ func (c *Consumer) record(ctx context.Context, msg idempotent.Message, out idemp
 		log.WarnContext(ctx, "effect failed: nothing written, left for redelivery", "consumer", c.name, "event_id", msg.EventID, "error", err)
 	}
 }
+
+// otelScope names this package's instrumentation (meter, tracer) by its import
+// path, read from the compiled package rather than written out, so that a
+// copy under another module path (gonew) names itself.
+var otelScope = reflect.TypeFor[Consumer]().PkgPath()

@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -86,7 +87,7 @@ func New[E any](next Handler[E], rdb redis.UniversalClient, cfg Config) (*Consum
 	}
 	c := &Consumer[E]{next: next, rdb: rdb, cfg: cfg, now: time.Now}
 	var err error
-	c.lookups, err = otel.Meter("github.com/effectively-once/payments-cashback/pkg/idempotent/prefilter").Int64Counter(
+	c.lookups, err = otel.Meter(otelScope).Int64Counter(
 		"idempotent_prefilter_total",
 		metric.WithDescription("Pre-filter lookups and records, by result (hit, miss, error, recorded, record_error)."))
 	if err != nil {
@@ -157,3 +158,8 @@ func (c *Consumer[E]) remember(ctx context.Context, msg idempotent.Message) {
 func (c *Consumer[E]) count(ctx context.Context, result string) {
 	c.lookups.Add(ctx, 1, metric.WithAttributes(attribute.String("consumer", c.next.Name()), attribute.String("result", result)))
 }
+
+// otelScope names this package's instrumentation (meter, tracer) by its import
+// path, read from the compiled package rather than written out, so that a
+// copy under another module path (gonew) names itself.
+var otelScope = reflect.TypeFor[Config]().PkgPath()

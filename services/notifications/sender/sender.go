@@ -52,6 +52,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"time"
 
@@ -288,7 +289,10 @@ type row struct {
 // (FAILPOINTS=in-sending kills the process there).
 const InSending = "in-sending"
 
-const meterName = "github.com/effectively-once/payments-cashback/services/notifications"
+// meterName names this package's instrumentation (meter, tracer) by its import
+// path, read from the compiled package rather than written out, so that a
+// copy under another module path (gonew) names itself.
+var meterName = reflect.TypeFor[Sender]().PkgPath()
 
 const returning = `RETURNING id, event_id, kind, recipient, body, idempotency_key, attempts, claim_id, traceparent`
 

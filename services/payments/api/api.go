@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"reflect"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
@@ -87,7 +88,7 @@ func New(pool *pgxpool.Pool, keys *httpidem.Store, gw Gateway, log *slog.Logger,
 		return nil, fmt.Errorf("api: %w", err)
 	}
 	s := &Server{pool: pool, keys: keys, gw: gw, log: log, access: access}
-	m := otel.Meter("github.com/effectively-once/payments-cashback/services/payments")
+	m := otel.Meter(otelScope)
 	var err error
 	if s.created, err = m.Int64Counter("payments_created_total", metric.WithDescription("Payments committed as SUCCEEDED.")); err != nil {
 		return nil, err
@@ -254,3 +255,8 @@ func providerError(err error) error {
 func errorBody(code, field, message string) service.ErrorBody {
 	return service.ErrorBody{Error: service.ErrorDetail{Code: code, Field: field, Message: message}}
 }
+
+// otelScope names this package's instrumentation (meter, tracer) by its import
+// path, read from the compiled package rather than written out, so that a
+// copy under another module path (gonew) names itself.
+var otelScope = reflect.TypeFor[Server]().PkgPath()

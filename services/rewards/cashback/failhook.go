@@ -96,7 +96,7 @@ func ParseFailHook(eventIDs, firstN string) (*FailHook, error) {
 		h.byID[id] = n
 	}
 	var err error
-	h.count, err = otel.Meter("github.com/effectively-once/payments-cashback/services/rewards").Int64Counter(
+	h.count, err = otel.Meter(otelScope).Int64Counter(
 		"rewards_injected_failures_total", metric.WithDescription("Handler failures injected by the test hook ("+EnvFailEventIDs+", "+EnvFailFirstN+")."))
 	return h, err
 }

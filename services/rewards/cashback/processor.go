@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -70,7 +71,7 @@ func NewProcessor(consumer *idempotent.Consumer, fail Injector, log *slog.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	c, err := otel.Meter("github.com/effectively-once/payments-cashback/services/rewards").Int64Counter("rewards_events_total",
+	c, err := otel.Meter(otelScope).Int64Counter("rewards_events_total",
 		metric.WithDescription("Payment events applied by rewards, by event type and result."))
 	if err != nil {
 		return nil, err
@@ -381,3 +382,8 @@ func moveWallet(ctx context.Context, tx pgx.Tx, userID string, delta int64) erro
 	}
 	return nil
 }
+
+// otelScope names this package's instrumentation (meter, tracer) by its import
+// path, read from the compiled package rather than written out, so that a
+// copy under another module path (gonew) names itself.
+var otelScope = reflect.TypeFor[PaymentPayload]().PkgPath()
