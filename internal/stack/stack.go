@@ -218,8 +218,9 @@ type Options struct {
 	// REWARDS_URL, NOTIFICATIONS_URL and SMS_PROVIDER_URL, if set, pick the
 	// services' ports (default 8081, 8082, 8083, 8090). Of the caller's own
 	// environment only PATH, HOME, USER, LOGNAME, TMPDIR, TZ, LANG, LC_*,
-	// GOCOVERDIR, GORACE, GOTRACEBACK and GODEBUG reach the services, so a
-	// stray PORT or FAILPOINTS in a shell never changes what runs.
+	// GOCOVERDIR, GORACE, GOTRACEBACK, GODEBUG and the runtime's GOGC,
+	// GOMEMLIMIT and GOMAXPROCS reach the services, so a stray PORT or
+	// FAILPOINTS in a shell never changes what runs.
 	Env map[string]string
 	// LogDir receives <name>.log per process (default <Root>/.stack/logs).
 	LogDir string
@@ -658,7 +659,8 @@ func checkEnv(env []string) error {
 }
 
 // inherited are the caller's variables a service process gets; see Options.Env.
-var inherited = []string{"PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "TZ", "LANG", "GOCOVERDIR", "GORACE", "GOTRACEBACK", "GODEBUG"}
+var inherited = []string{"PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "TZ", "LANG", "GOCOVERDIR", "GORACE", "GOTRACEBACK", "GODEBUG",
+	"GOGC", "GOMEMLIMIT", "GOMAXPROCS"}
 
 // environ builds a run's environment: inherited, then the base env, then
 // the service's own settings, then identity, then extra (later wins). It

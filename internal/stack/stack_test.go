@@ -462,3 +462,33 @@ func TestDevDefaultsFillOnlyWhatIsMissing(t *testing.T) {
 		t.Error("no LISTEN_ADDR default of 127.0.0.1")
 	}
 }
+
+// Of the caller's environment a service gets the Go runtime's own knobs
+// (a GOMEMLIMIT set for a run reaches every service) and never a stray
+// setting of a service's (FAILPOINTS, a port).
+func TestServicesInheritTheRuntimeKnobsAndNoStraySettings(t *testing.T) {
+	for k, v := range map[string]string{"GOGC": "200", "GOMEMLIMIT": "512MiB", "GOMAXPROCS": "1", "GODEBUG": "gctrace=0",
+		"FAILPOINTS": "after-publish-before-mark", "REWARDS_PORT": "1", "LOG_LEVEL": "debug"} {
+		t.Setenv(k, v)
+	}
+	l := &Local{env: map[string]string{}, procs: map[string]*proc{}}
+	env, _, err := l.environ(&proc{name: Rewards, base: Rewards}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		got[k] = v
+	}
+	for k, v := range map[string]string{"GOGC": "200", "GOMEMLIMIT": "512MiB", "GOMAXPROCS": "1", "GODEBUG": "gctrace=0"} {
+		if got[k] != v {
+			t.Errorf("%s = %q in the service's environment, want %q from the caller's", k, got[k], v)
+		}
+	}
+	for _, k := range []string{"FAILPOINTS", "LOG_LEVEL"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("the caller's %s reached the service", k)
+		}
+	}
+}
