@@ -3,13 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/effectively-once/payments-cashback/internal/stack"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/effectively-once/payments-cashback/internal/stack"
 )
 
 // CPU accounting from /proc (Linux; elsewhere every figure reads 0): who

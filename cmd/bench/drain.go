@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"github.com/effectively-once/payments-cashback/services/contract"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -24,6 +23,7 @@ import (
 	"github.com/effectively-once/payments-cashback/internal/stack"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
+	"github.com/effectively-once/payments-cashback/services/contract"
 	notificationsapp "github.com/effectively-once/payments-cashback/services/notifications/app"
 	rewardsapp "github.com/effectively-once/payments-cashback/services/rewards/app"
 )

@@ -105,7 +105,7 @@ func main() {
 	flag.DurationVar(&o.soak, "soak", 0, "run the pipeline at full load this long, sampling each service's RSS every 5s (0: skip)")
 	flag.StringVar(&o.out, "out", "bench.json", "where to write the JSON results")
 	flag.BoolVar(&o.skipPipeline, "skip-pipeline", false, "skip the pipeline (and soak) measurements, which start the services")
-	flag.IntVar(&o.relayRows, "relay-rows", 15000, "outbox rows (and SQS messages) per relay / SQS throughput measurement, split over -sqs-rounds")
+	flag.IntVar(&o.relayRows, "relay-rows", 40000, "outbox rows (and SQS messages) per relay / SQS throughput measurement, split over -sqs-rounds")
 	flag.IntVar(&o.sqsRounds, "sqs-rounds", 5, "SQS throughput measurements are interleaved in this many rounds; each figure is the median of its rounds")
 	flag.IntVar(&o.rounds, "rounds", 6, "PostgreSQL measurements are interleaved in this many rounds of -duration/rounds each; each figure is the median of its rounds")
 	flag.IntVar(&o.basePort, "base-port", 0, "run the pipeline's services on ports base (payments), base+1 (rewards), base+2 (notifications), base+9 (SMS provider) instead of the stack's 8081-8083, 8090")

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/effectively-once/payments-cashback/services/contract"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +14,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/httpidem"
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
+	"github.com/effectively-once/payments-cashback/services/contract"
 	paymigrations "github.com/effectively-once/payments-cashback/services/payments/migrations"
 	"github.com/effectively-once/payments-cashback/services/payments/store"
 )

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/effectively-once/payments-cashback/internal/sqscount"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -22,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"github.com/effectively-once/payments-cashback/internal/sqscount"
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
 	"github.com/effectively-once/payments-cashback/pkg/idempotent/inboxsqs"
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
@@ -280,6 +280,9 @@ func (s *series) row(rep *report, sec string) {
 }
 
 // relayCase is one relay configuration, with its own database and queue.
+// warmupMsgs is the size of the SQS measurements' unrecorded warm-up round.
+const warmupMsgs = 2000
+
 type relayCase struct {
 	series
 	replicas, workers, calls int
@@ -287,6 +290,7 @@ type relayCase struct {
 	pool                     *pgxpool.Pool
 	queue                    string
 	publishShare             []float64 // per round
+	warmup                   int       // rows sent in the warm-up round
 }
 
 func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report) error {
@@ -340,12 +344,19 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 		cleanups = append(cleanups, del)
 		rc.pool, rc.queue = pool, q
 	}
-	for range rounds {
+	// Round 0 is a warm-up, not recorded: the SQS server's first calls
+	// (connections, its JIT) and each side's first batch are slower, and
+	// whichever ran first in the first round would pay for them.
+	for round := range rounds + 1 {
+		n := per
+		if round == 0 {
+			n = min(per, warmupMsgs)
+		}
 		for _, b := range []struct {
 			s        *series
 			inFlight int
 		}{{bare8, relayInFlight}, {bare4, publisherCalls}} {
-			msgs, err := relayMessages(per)
+			msgs, err := relayMessages(n)
 			if err != nil {
 				return err
 			}
@@ -357,25 +368,35 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 			if err != nil {
 				return fmt.Errorf("bare send: %w", err)
 			}
-			b.s.add(per, el, use)
+			if round > 0 {
+				b.s.add(n, el, use)
+			}
 		}
 		for _, rc := range relays {
 			var el time.Duration
 			var use cpuUse
-			measuring(ctx, rc.key, func(ctx context.Context) { el, use, err = relayRound(ctx, sq, rc, per) })
+			var share float64
+			measuring(ctx, rc.key, func(ctx context.Context) { el, use, share, err = relayRound(ctx, sq, rc, n) })
 			if err != nil {
 				return fmt.Errorf("%s: %w", rc.name, err)
 			}
-			rc.add(per, el, use)
+			if round == 0 {
+				rc.warmup = n
+			} else {
+				rc.add(n, el, use)
+				rc.publishShare = append(rc.publishShare, share)
+			}
 		}
 		if peerCmd != nil {
 			var res peerResult
-			use, err := cpuOf(func() (err error) { res, err = peerCmd.round(ctx, "watermill", per, 0); return err })
+			use, err := cpuOf(func() (err error) { res, err = peerCmd.round(ctx, "watermill", n, 0); return err })
 			if err != nil {
 				return err
 			}
-			wm.add(per, time.Duration(res.Seconds*float64(time.Second)), use)
-			wm.details = map[string]any{"config": res.Config}
+			if round > 0 {
+				wm.add(n, time.Duration(res.Seconds*float64(time.Second)), use)
+				wm.details = map[string]any{"config": res.Config}
+			}
 		}
 	}
 	if peerCmd != nil {
@@ -389,7 +410,7 @@ func benchSQS(ctx context.Context, pg *pgEnv, sq *sqsEnv, o options, rep *report
 			return err
 		}
 		rc.details = map[string]any{"replicas": rc.replicas, "workers": rc.workers, "calls_in_flight": rc.calls,
-			"queue_depth_after": d, "duplicates_sent": d - rc.n, "publish_share_per_round": rc.publishShare}
+			"queue_depth_after": d, "duplicates_sent": d - rc.n - rc.warmup, "publish_share_per_round": rc.publishShare}
 		rc.row(rep, sec)
 	}
 	if r1, w := rep.ref("relay_r1"), rep.ref("peer_watermill"); r1 != nil && w != nil {
@@ -511,9 +532,9 @@ func measuring(ctx context.Context, key string, f func(context.Context)) {
 
 // relayRound COPYs per rows into rc's outbox and times its relays from
 // start until every row is marked published.
-func relayRound(ctx context.Context, sq *sqsEnv, rc *relayCase, per int) (time.Duration, cpuUse, error) {
+func relayRound(ctx context.Context, sq *sqsEnv, rc *relayCase, per int) (time.Duration, cpuUse, float64, error) {
 	if err := copyOutbox(ctx, rc.pool, per); err != nil {
-		return 0, nil, err
+		return 0, nil, 0, err
 	}
 	pools := make([]*pgxpool.Pool, rc.replicas)
 	for i := range pools {
@@ -521,11 +542,11 @@ func relayRound(ctx context.Context, sq *sqsEnv, rc *relayCase, per int) (time.D
 		cfg.MaxConns = int32(rc.workers + 2)
 		p, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
-			return 0, nil, err
+			return 0, nil, 0, err
 		}
 		defer p.Close()
 		if err := p.Ping(ctx); err != nil {
-			return 0, nil, err
+			return 0, nil, 0, err
 		}
 		pools[i] = p
 	}
@@ -538,7 +559,7 @@ func relayRound(ctx context.Context, sq *sqsEnv, rc *relayCase, per int) (time.D
 		r, err := outbox.NewRelay(pools[i], pub,
 			outbox.RelayConfig{Workers: rc.workers, DeleteOnPublish: rc.deleteOnPublish, Logger: quiet})
 		if err != nil {
-			return 0, nil, err
+			return 0, nil, 0, err
 		}
 		relays[i] = r
 	}
@@ -560,10 +581,7 @@ func relayRound(ctx context.Context, sq *sqsEnv, rc *relayCase, per int) (time.D
 	use := s0.until(cpu.sample())
 	stop()
 	wg.Wait()
-	// The share of the workers' time spent in PublishBatch; the rest is
-	// claiming, marking and waiting for a wake-up.
-	rc.publishShare = append(rc.publishShare, float64(busy.Load())/float64(el)/float64(rc.replicas*rc.workers))
-	return el, use, err
+	return el, use, float64(busy.Load()) / float64(el) / float64(rc.replicas*rc.workers), err
 }
 
 // busyPublisher adds up the time spent in PublishBatch.

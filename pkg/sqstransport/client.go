@@ -2,14 +2,13 @@ package sqstransport
 
 import (
 	"bytes"
-	"io"
-	"net/http"
-
 	"context"
 	"fmt"
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"io"
+	"net/http"
 	"os"
 
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
