@@ -279,10 +279,10 @@ func (s *series) row(rep *report, sec string) {
 	rep.add(row)
 }
 
-// relayCase is one relay configuration, with its own database and queue.
 // warmupMsgs is the size of the SQS measurements' unrecorded warm-up round.
 const warmupMsgs = 2000
 
+// relayCase is one relay configuration, with its own database and queue.
 type relayCase struct {
 	series
 	replicas, workers, calls int
@@ -531,8 +531,10 @@ func measuring(ctx context.Context, key string, f func(context.Context)) {
 }
 
 // relayRound COPYs per rows into rc's outbox and times its relays from
-// start until every row is marked published.
-func relayRound(ctx context.Context, sq *sqsEnv, rc *relayCase, per int) (time.Duration, cpuUse, float64, error) {
+// start until every row is marked published; share is the part of the
+// workers' time spent in PublishBatch (the rest is claiming, marking and
+// waiting for a wake-up).
+func relayRound(ctx context.Context, sq *sqsEnv, rc *relayCase, per int) (el time.Duration, use cpuUse, share float64, err error) {
 	if err := copyOutbox(ctx, rc.pool, per); err != nil {
 		return 0, nil, 0, err
 	}
@@ -573,12 +575,12 @@ func relayRound(ctx context.Context, sq *sqsEnv, rc *relayCase, per int) (time.D
 	// EXISTS, not count(*): a count of the rows left, 200 times a second,
 	// costs PostgreSQL a heap visit per waiting row and charges the relay
 	// with the bench's own load.
-	err := waitUntil(ctx, 5*time.Minute, 5*time.Millisecond, "every outbox row published", func() (bool, error) {
+	err = waitUntil(ctx, 5*time.Minute, 5*time.Millisecond, "every outbox row published", func() (bool, error) {
 		n, err := count(ctx, rc.pool, `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE published_at IS NULL LIMIT 1) s`)
 		return n == 0, err
 	})
-	el := time.Since(start)
-	use := s0.until(cpu.sample())
+	el = time.Since(start)
+	use = s0.until(cpu.sample())
 	stop()
 	wg.Wait()
 	return el, use, float64(busy.Load()) / float64(el) / float64(rc.replicas*rc.workers), err
