@@ -42,6 +42,7 @@ var forbidden = map[string][]string{
 	"pkg/outage": {"github.com/aws/", module + "/pkg/service", module + "/pkg/sqstransport", module + "/services/"},
 	// Shared internals of pkg/: the standard library only.
 	"pkg/internal/snapshot": {"github.com/", "golang.org/", "go.opentelemetry.io/", module + "/services/"},
+	"pkg/internal/settings": {"github.com/", "golang.org/", "go.opentelemetry.io/", module + "/"},
 	// The uuid parameters of pkg/'s statements: uuid and pgx, nothing else.
 	"pkg/internal/pgid": {"github.com/aws/", "go.opentelemetry.io/", module + "/"},
 	// Other stores for the dedupe key: each brings only its own client.

@@ -1,6 +1,12 @@
 package outbox
 
-import "time"
+import (
+	"cmp"
+	"time"
+
+	"github.com/effectively-once/payments-cashback/pkg/internal/settings"
+	"github.com/effectively-once/payments-cashback/pkg/retry"
+)
 
 // RelayEnv is the environment tuning of a Relay, read by the service's
 // configuration loader (this package reads no environment) and embedded
@@ -34,4 +40,20 @@ func fill[T time.Duration | int](dst *T, v T) {
 	if *dst == 0 && v > 0 {
 		*dst = v
 	}
+}
+
+// Validate refuses what Apply would silently drop or the relay cannot run
+// with: a negative setting (Apply would keep the default instead), and a
+// retry base above the retry maximum. prefix is the variables' prefix as
+// the service embeds RelayEnv ("RELAY_"), for the errors to name them.
+func (e RelayEnv) Validate(prefix string) error {
+	c := settings.Errors{Prefix: prefix}
+	c.Tuning("LEASE", e.Lease, time.Second, 0)
+	c.Tuning("POLL_INTERVAL", e.PollInterval, time.Millisecond, 0)
+	c.TuningInt("BATCH_SIZE", e.BatchSize, 1, 0)
+	c.TuningInt("WORKERS", e.Workers, 1, 0)
+	c.Tuning("RETRY_BASE", e.RetryBase, time.Millisecond, 0)
+	c.Tuning("RETRY_MAX", e.RetryMax, time.Millisecond, 0)
+	c.NotAbove("RETRY_BASE", cmp.Or(e.RetryBase, retry.BaseDefault), "RETRY_MAX", cmp.Or(e.RetryMax, retry.MaxDefault))
+	return c.Err()
 }

@@ -45,17 +45,21 @@ type DatabaseWaiter interface{ DatabaseWait() time.Duration }
 // when the config does not say.
 const DefaultDatabaseWait = time.Minute
 
-// Load reads the config C from the environment, then, when *C is a
-// Completer, completes it with args.
+// Load reads the config C from the environment, checks its Process
+// settings and, when *C is a Completer, completes it with args. The error
+// holds every problem found, each naming its variable.
 func Load[C Configured](args []string) (C, error) {
 	cfg, err := LoadConfig[C]()
 	if err != nil {
 		return cfg, err
 	}
+	var l Limits
+	l.Add(cfg.ProcessConfig().Validate())
 	if c, ok := any(&cfg).(Completer); ok {
-		if err := c.Complete(args); err != nil {
-			return cfg, err
-		}
+		l.Add(c.Complete(args))
+	}
+	if err := l.Err(); err != nil {
+		return cfg, fmt.Errorf("configuration: %w", err)
 	}
 	return cfg, nil
 }

@@ -160,6 +160,19 @@ type Process struct {
 // is what Main asks of its config.
 func (p Process) ProcessConfig() Process { return p }
 
+// Validate refuses settings the process cannot run with as written: a pool
+// of no connections, and a zero or negative deadline (which the HTTP
+// server would take as none at all, leaving it open to slow clients).
+// Load calls it for every service.
+func (p Process) Validate() error {
+	var l Limits
+	l.AtLeast("DB_MAX_CONNS", int(p.DBMaxConns), 1)
+	l.Positive("SHUTDOWN_TIMEOUT", p.ShutdownTimeout)
+	l.Positive("HTTP_READ_TIMEOUT", p.HTTPReadTimeout)
+	l.Positive("HTTP_WRITE_TIMEOUT", p.HTTPWriteTimeout)
+	return l.Err()
+}
+
 // HTTP is the server timeouts of p, for HTTPTask and NewHTTPServer.
 func (p Process) HTTP() HTTPTimeouts {
 	return HTTPTimeouts{Read: p.HTTPReadTimeout, Write: p.HTTPWriteTimeout}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -189,6 +190,46 @@ func TestProcessSettingsLoadWithTheServiceConfigAndAreRefusedByName(t *testing.T
 	if _, err := service.LoadConfig[config](); err == nil || !strings.Contains(err.Error(), "SHUTDOWN_TIMEOUT") {
 		t.Errorf("SHUTDOWN_TIMEOUT=soon: LoadConfig returned %v", err)
 	}
+}
+
+// A process setting the server or the pool cannot honour as written (a
+// zero deadline is none at all to net/http) stops every service at Load,
+// all of them named in one error, with the service's own checks beside.
+func TestProcessSettingsOutOfRangeAreRefusedAtLoadAllAtOnce(t *testing.T) {
+	t.Setenv("DB_MAX_CONNS", "0")
+	t.Setenv("SHUTDOWN_TIMEOUT", "-1s")
+	t.Setenv("HTTP_READ_TIMEOUT", "0s")
+	t.Setenv("HTTP_WRITE_TIMEOUT", "1m")
+	_, err := service.Load[completing](nil)
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{"configuration: ", "DB_MAX_CONNS=0: want at least 1", "SHUTDOWN_TIMEOUT=-1s", "HTTP_READ_TIMEOUT=0s", "the service's own"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "HTTP_WRITE_TIMEOUT") {
+		t.Errorf("error %q names the valid HTTP_WRITE_TIMEOUT", err)
+	}
+	t.Setenv("DB_MAX_CONNS", "4")
+	t.Setenv("SHUTDOWN_TIMEOUT", "5s")
+	t.Setenv("HTTP_READ_TIMEOUT", "5s")
+	if _, err := service.Load[completing]([]string{"ok"}); err != nil {
+		t.Errorf("valid settings refused: %v", err)
+	}
+}
+
+// completing is a config whose Complete fails unless its argument is "ok".
+type completing struct {
+	service.Process `envPrefix:""`
+}
+
+func (c *completing) Complete(args []string) error {
+	if len(args) == 1 && args[0] == "ok" {
+		return nil
+	}
+	return errors.New("the service's own check failed")
 }
 
 func TestTraceExporterIsChosenByTheStandardVariablesAndIsNoneWhenUnset(t *testing.T) {

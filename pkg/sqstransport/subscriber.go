@@ -108,6 +108,15 @@ type SubscriberConfig struct {
 	Logger *slog.Logger
 }
 
+// SQS's limits, and the defaults that depend on nothing else.
+const (
+	maxMessages       = 10
+	maxWaitTime       = 20 * time.Second
+	maxVisibility     = 12 * time.Hour
+	visibilityDefault = 30 * time.Second
+	retryMaxDefault   = time.Minute
+)
+
 func (c *SubscriberConfig) defaults() {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -117,21 +126,21 @@ func (c *SubscriberConfig) defaults() {
 	if c.Concurrency <= 0 {
 		c.Concurrency = 8
 	}
-	if c.MaxMessages <= 0 || c.MaxMessages > 10 {
-		c.MaxMessages = 10
+	if c.MaxMessages <= 0 || c.MaxMessages > maxMessages {
+		c.MaxMessages = maxMessages
 	}
-	def(&c.WaitTime, 20*time.Second)
-	def(&c.Visibility, 30*time.Second)
+	def(&c.WaitTime, maxWaitTime)
+	def(&c.Visibility, visibilityDefault)
 	// SQS counts both in whole seconds. A long-poll wait over 20 s is
 	// rejected (every receive would fail), and one under a second rounds
 	// to 0, a busy short poll. A visibility under a second rounds to 0:
 	// every message would be visible again as soon as it is received.
-	c.WaitTime = min(max(c.WaitTime, time.Second), 20*time.Second)
-	c.Visibility = min(max(c.Visibility, time.Second), 12*time.Hour)
+	c.WaitTime = min(max(c.WaitTime, time.Second), maxWaitTime)
+	c.Visibility = min(max(c.Visibility, time.Second), maxVisibility)
 	def(&c.HandlerTimeout, c.Visibility*4/5)
 	def(&c.MaxExtension, 15*time.Minute)
 	def(&c.RetryBase, retry.BaseDefault)
-	def(&c.RetryMax, time.Minute)
+	def(&c.RetryMax, retryMaxDefault)
 	def(&c.ShutdownGrace, 30*time.Second)
 	if c.MaxPanics <= 0 {
 		c.MaxPanics = 3

@@ -1,6 +1,7 @@
 package sqstransport
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,9 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/cenkalti/backoff/v5"
+
+	"github.com/effectively-once/payments-cashback/pkg/internal/settings"
+	"github.com/effectively-once/payments-cashback/pkg/retry"
 )
 
 // QueueURL resolves a queue name, retrying for up to wait while the SQS
@@ -108,4 +112,37 @@ func fill[T time.Duration | int](dst *T, v T) {
 	if *dst == 0 && v > 0 {
 		*dst = v
 	}
+}
+
+// Validate refuses what Apply would silently drop or the subscriber would
+// clamp: a negative setting, a long-poll wait or visibility outside SQS's
+// range or not in whole seconds (SQS counts both in seconds), more than 10
+// messages a receive, a handler deadline not below the visibility timeout,
+// a retry base above the retry maximum. prefix is the variables' prefix as
+// the service embeds SubscriberEnv ("SUBSCRIBER_"), for the errors to name
+// them. Unset (zero) settings are the library's defaults and valid.
+func (e SubscriberEnv) Validate(prefix string) error {
+	c := settings.Errors{Prefix: prefix}
+	c.Tuning("WAIT_TIME", e.WaitTime, time.Second, maxWaitTime)
+	c.TuningInt("MAX_MESSAGES", e.MaxMessages, 1, maxMessages)
+	c.Tuning("VISIBILITY", e.Visibility, time.Second, maxVisibility)
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"WAIT_TIME", e.WaitTime}, {"VISIBILITY", e.Visibility}} {
+		if d.v > 0 && d.v%time.Second != 0 {
+			c.Add(fmt.Errorf("%s%s=%v: want whole seconds (SQS counts it in seconds)", prefix, d.name, d.v))
+		}
+	}
+	c.Tuning("MAX_EXTENSION", e.MaxExtension, time.Second, maxVisibility)
+	c.Tuning("RETRY_BASE", e.RetryBase, time.Millisecond, 0)
+	c.Tuning("RETRY_MAX", e.RetryMax, time.Millisecond, 0)
+	c.Tuning("SHUTDOWN_GRACE", e.ShutdownGrace, time.Millisecond, 0)
+	c.Tuning("HANDLER_TIMEOUT", e.HandlerTimeout, time.Millisecond, 0)
+	if vis := cmp.Or(e.Visibility, visibilityDefault); e.HandlerTimeout >= vis {
+		c.Add(fmt.Errorf("%sHANDLER_TIMEOUT (%v) must be below %sVISIBILITY (%v): the message must not be redelivered while its handler still runs",
+			prefix, e.HandlerTimeout, prefix, vis))
+	}
+	c.NotAbove("RETRY_BASE", cmp.Or(e.RetryBase, retry.BaseDefault), "RETRY_MAX", cmp.Or(e.RetryMax, retryMaxDefault))
+	return c.Err()
 }

@@ -17,7 +17,9 @@
 // PAYMENTS_RATE_LIMIT_PER_ADDRESS [2000] per remote address, LOG_LEVEL
 // [info], FAILPOINTS (read only by -tags e2e builds), the relay's
 // tuning RELAY_LEASE, RELAY_POLL_INTERVAL, ... (outbox.RelayEnv), and the
-// standard AWS_* variables (AWS_ENDPOINT_URL for a local SQS).
+// standard AWS_* variables (AWS_ENDPOINT_URL for a local SQS). A setting
+// out of its range stops the process at start, before it connects to
+// anything, with every such variable named.
 package main
 
 import (

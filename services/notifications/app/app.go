@@ -50,8 +50,8 @@ type Config struct {
 	// stored at once; with BatchSize 1, how many messages.
 	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
 	// BatchSize is how many messages one receive asks for and one INSERT
-	// stores in the inbox (idempotent.Inbox.ReceiveBatch), at most 10, SQS's
-	// limit [10; 0 means 10]. 1: one INSERT per message.
+	// stores in the inbox (idempotent.Inbox.ReceiveBatch), 1..10 (10 is
+	// SQS's limit) [10; 0 in code means 10]. 1: one INSERT per message.
 	BatchSize int `env:"CONSUMER_BATCH_SIZE" envDefault:"10"`
 	// DedupeRetention is the inbox's dedupe window (>= SQS's 14 days + 1).
 	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
@@ -113,6 +113,58 @@ func (c Config) Policies() (map[string]sender.Policy, error) {
 	return out, nil
 }
 
+// Complete checks the settings as loaded from the environment
+// (service.Completer), every error at once, each naming its variable,
+// before the service connects to anything. notifications takes no
+// arguments.
+func (c *Config) Complete(args []string) error {
+	var l service.Limits
+	if len(args) > 0 {
+		l.Add(fmt.Errorf("usage: notifications (no arguments; the environment configures it), got %q", args))
+	}
+	_, _, err := c.parse()
+	l.Add(err)
+	l.AtLeast("CONSUMER_CONCURRENCY", c.Concurrency, 1)
+	l.Int("CONSUMER_BATCH_SIZE", c.BatchSize, 1, 10)
+	l.Positive("SMS_PROVIDER_TIMEOUT", c.SMSProviderTimeout)
+	l.Positive("SENDING_LEASE", c.SendingLease)
+	if c.SMSProviderTimeout > 0 && c.SendingLease < 2*c.SMSProviderTimeout {
+		l.Add(fmt.Errorf("SENDING_LEASE (%v) must be at least twice SMS_PROVIDER_TIMEOUT (%v): a send still waiting for the provider must not be reconciled as stuck",
+			c.SendingLease, c.SMSProviderTimeout))
+	}
+	l.AtLeast("SEND_MAX_ATTEMPTS", c.SendMaxAttempts, 1)
+	l.Positive("SEND_RETRY_BASE", c.SendRetryBase)
+	l.Positive("SEND_RETRY_MAX", c.SendRetryMax)
+	l.NotAbove("SEND_RETRY_BASE", c.SendRetryBase, "SEND_RETRY_MAX", c.SendRetryMax)
+	l.AtLeast("SEND_CONCURRENCY", c.SendConcurrency, 1)
+	l.AtLeast("PROCESSOR_WORKERS", c.ProcessorWorkers, 1)
+	l.AtLeast("PROCESSOR_BATCH_SIZE", c.ProcessorBatchSize, 1)
+	l.Positive("QUEUE_WAIT", c.QueueWait)
+	l.Add(c.SubscriberEnv.Validate("SUBSCRIBER_"))
+	return l.Err()
+}
+
+// parse checks what New needs of c (tests also build it in code), every
+// error at once.
+func (c Config) parse() (service.Front, map[string]sender.Policy, error) {
+	var l service.Limits
+	front, err := service.ParseFront(c.ListenAddr, c.Port, c.Access, "NOTIFICATIONS_", api.Needs, service.RoleRead)
+	l.Add(err)
+	policies, err := c.Policies()
+	l.Add(err)
+	if c.Provider == nil {
+		l.HTTPURL("SMS_PROVIDER_URL", c.SMSProviderURL, "http://127.0.0.1:8090 (the dev provider)")
+		if c.SMSProviderAPIKey == "" {
+			l.Add(errors.New("SMS_PROVIDER_API_KEY is empty: the SMS provider's /v1/messages needs this service's key, one with the role send " +
+				"(for the dev provider, an entry of its SMS_PROVIDER_API_KEYS, e.g. notifications/send:$(openssl rand -hex 24))"))
+		}
+	}
+	if err := idempotent.ValidateRetention(c.DedupeRetention, idempotent.DefaultQueueRetention); err != nil {
+		l.Add(fmt.Errorf("DEDUPE_RETENTION: %w", err))
+	}
+	return front, policies, l.Err()
+}
+
 // App is the wired service.
 type App struct {
 	Sender *sender.Sender
@@ -139,24 +191,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // New migrates the database and wires everything; nothing runs until the
 // tasks do.
 func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client, metrics http.Handler, log *slog.Logger) (_ *App, err error) {
-	policies, err := cfg.Policies()
-	if err != nil {
-		return nil, err
-	}
-	addr, err := service.ListenAddr(cfg.ListenAddr, cfg.Port)
-	if err != nil {
-		return nil, err
-	}
-	access, err := cfg.Access.Parse("NOTIFICATIONS_", api.Needs, service.RoleRead)
+	front, policies, err := cfg.parse()
 	if err != nil {
 		return nil, err
 	}
 	provider := cfg.Provider
 	if provider == nil {
-		if cfg.SMSProviderAPIKey == "" {
-			return nil, errors.New("SMS_PROVIDER_API_KEY is empty: the SMS provider's /v1/messages needs this service's key, one with the role send " +
-				"(for the dev provider, an entry of its SMS_PROVIDER_API_KEYS, e.g. notifications/send:$(openssl rand -hex 24))")
-		}
 		provider = sms.NewHTTPProvider(cfg.SMSProviderURL, cfg.SMSProviderAPIKey, cfg.SMSProviderTimeout)
 	}
 	if err := Migrate(ctx, pool); err != nil {
@@ -258,11 +298,11 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 
 	r := service.NewRouter(log, metrics, map[string]service.Check{"database": pool.Ping, "consumer": sc.Gate.Check,
 		"sqs " + cfg.RewardsQueue: sqstransport.QueueCheck(client, cfg.RewardsQueue)})
-	if err := api.Routes(r, pool, log, access); err != nil {
+	if err := api.Routes(r, pool, log, front.Access); err != nil {
 		return nil, err
 	}
 	return &App{Sender: snd, Inbox: inbox, Router: r, subscriber: sub, processor: proc, procPool: procPool, maintainer: maint,
-		addr: addr, http: cfg.HTTP(), log: log}, nil
+		addr: front.Addr, http: cfg.HTTP(), log: log}, nil
 }
 
 // receiver stores each delivery in the inbox and acks it at once. Events

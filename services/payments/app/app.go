@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
@@ -77,53 +76,47 @@ func (c Config) relay() bool { return c.Role == "relay" || (c.Role == "all" && c
 // other (service.Completer): every error at once, each naming its variable.
 func (c *Config) Complete(args []string) error {
 	if len(args) > 1 {
-		return fmt.Errorf("configuration: usage: payments [all|api|relay|migrate], got %q", args)
+		return fmt.Errorf("usage: payments [all|api|relay|migrate], got %q", args)
 	}
 	if len(args) == 1 {
 		c.Role = args[0]
 	}
-	var errs []error
+	var l service.Limits
 	switch c.Role {
 	case "all", "api", "migrate":
 	case "relay":
 		if !c.RelayEnabled {
-			errs = append(errs, errors.New("ROLE=relay with RELAY_ENABLED=false would do nothing"))
+			l.Add(errors.New("ROLE=relay with RELAY_ENABLED=false would do nothing"))
 		}
 	default:
-		errs = append(errs, fmt.Errorf("ROLE (or the first argument) %q: want all, api, relay or migrate", c.Role))
+		l.Add(fmt.Errorf("ROLE (or the first argument) %q: want all, api, relay or migrate", c.Role))
 	}
 	if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
-		errs = append(errs, fmt.Errorf("PAYMENTS_DATABASE_URL: %w", err))
+		l.Add(fmt.Errorf("PAYMENTS_DATABASE_URL: %w", err))
 	}
-	if _, err := service.ListenAddr(c.ListenAddr, c.Port); err != nil {
-		errs = append(errs, err)
-	}
-	if u, err := url.Parse(c.StripeURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		errs = append(errs, fmt.Errorf("STRIPE_URL %q: want an http(s) URL such as http://127.0.0.1:12111 (stripe-mock) or https://api.stripe.com", c.StripeURL))
-	}
+	_, err := service.ListenAddr(c.ListenAddr, c.Port)
+	l.Add(err)
+	l.HTTPURL("STRIPE_URL", c.StripeURL, "http://127.0.0.1:12111 (stripe-mock) or https://api.stripe.com")
 	if c.StripeAPIKey == "" {
-		errs = append(errs, errors.New("STRIPE_API_KEY is empty"))
+		l.Add(errors.New("STRIPE_API_KEY is empty"))
 	}
 	if c.StripeMockFixtures && (strings.HasPrefix(c.StripeAPIKey, "sk_live_") || strings.HasPrefix(c.StripeAPIKey, "rk_live_")) {
-		errs = append(errs, errors.New("STRIPE_MOCK_FIXTURES=true with a live Stripe key: the fixtures of stripe-mock are for tests only"))
+		l.Add(errors.New("STRIPE_MOCK_FIXTURES=true with a live Stripe key: the fixtures of stripe-mock are for tests only"))
 	}
 	if c.Queue == "" {
-		errs = append(errs, errors.New("PAYMENTS_QUEUE is empty"))
+		l.Add(errors.New("PAYMENTS_QUEUE is empty"))
 	}
 	if c.StripeTimeout <= 0 || c.LockTimeout <= 0 || c.KeyTTL <= 0 || c.StartupWait <= 0 {
-		errs = append(errs, errors.New("STRIPE_TIMEOUT, IDEMPOTENCY_LOCK_TIMEOUT, IDEMPOTENCY_KEY_TTL and STARTUP_WAIT must be positive durations"))
+		l.Add(errors.New("STRIPE_TIMEOUT, IDEMPOTENCY_LOCK_TIMEOUT, IDEMPOTENCY_KEY_TTL and STARTUP_WAIT must be positive durations"))
 	} else if c.StripeTimeout >= c.LockTimeout*3/4 {
-		errs = append(errs, fmt.Errorf("STRIPE_TIMEOUT (%v) must be below 3/4 of IDEMPOTENCY_LOCK_TIMEOUT (%v): a charge must end before its key's lease", c.StripeTimeout, c.LockTimeout))
+		l.Add(fmt.Errorf("STRIPE_TIMEOUT (%v) must be below 3/4 of IDEMPOTENCY_LOCK_TIMEOUT (%v): a charge must end before its key's lease", c.StripeTimeout, c.LockTimeout))
 	}
 	if c.api() {
-		if _, err := c.Access.Parse("PAYMENTS_", api.Needs, service.RolePay); err != nil {
-			errs = append(errs, err)
-		}
+		_, err := c.Access.Parse("PAYMENTS_", api.Needs, service.RolePay)
+		l.Add(err)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("configuration: %w", err)
-	}
-	return nil
+	l.Add(c.Relay.Validate("RELAY_"))
+	return l.Err()
 }
 
 // App is the wired role: its tasks (none for migrate).

@@ -49,8 +49,9 @@ type Config struct {
 	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
 	// BatchSize is how many events one receive asks for and one
 	// transaction applies (idempotent.Consumer.HandleBatch, falling back to
-	// one transaction per event when anything in the batch fails), at most
-	// 10, SQS's limit [10; 0 means 10]. 1: one transaction per event.
+	// one transaction per event when anything in the batch fails), 1..10
+	// (10 is SQS's limit) [10; 0 in code means 10]. 1: one transaction per
+	// event.
 	BatchSize int `env:"CONSUMER_BATCH_SIZE" envDefault:"10"`
 	// DedupeRetention is the dedupe window: it must outlast SQS's 14-day
 	// maximum retention by a day, so the service refuses to start below 360h.
@@ -68,6 +69,38 @@ type Config struct {
 	// what Subscriber and Relay leave zero.
 	SubscriberEnv sqstransport.SubscriberEnv `envPrefix:"SUBSCRIBER_"`
 	RelayEnv      outbox.RelayEnv            `envPrefix:"RELAY_"`
+}
+
+// Complete checks the settings as loaded from the environment
+// (service.Completer), every error at once, each naming its variable,
+// before the service connects to anything. rewards takes no arguments.
+func (c *Config) Complete(args []string) error {
+	var l service.Limits
+	if len(args) > 0 {
+		l.Add(fmt.Errorf("usage: rewards (no arguments; the environment configures it), got %q", args))
+	}
+	_, err := c.parse()
+	l.Add(err)
+	l.AtLeast("CONSUMER_CONCURRENCY", c.Concurrency, 1)
+	l.Int("CONSUMER_BATCH_SIZE", c.BatchSize, 1, 10)
+	l.Positive("QUEUE_WAIT", c.QueueWait)
+	l.Add(c.SubscriberEnv.Validate("SUBSCRIBER_"))
+	l.Add(c.RelayEnv.Validate("RELAY_"))
+	return l.Err()
+}
+
+// parse checks what New needs of c (tests also build it in code), every
+// error at once.
+func (c Config) parse() (service.Front, error) {
+	var l service.Limits
+	front, err := service.ParseFront(c.ListenAddr, c.Port, c.Access, "REWARDS_", api.Needs, service.RoleRead)
+	l.Add(err)
+	if err := idempotent.ValidateRetention(c.DedupeRetention, sqsMaxRetention); err != nil {
+		l.Add(fmt.Errorf("DEDUPE_RETENTION: %w", err))
+	}
+	l.Int("REWARDS_MAX_RATE_BP", c.MaxRateBP, 0, cashback.MaxRateBP)
+	l.Positive("REWARDS_RATE_MIN_LEAD", c.RateMinLead)
+	return front, l.Err()
 }
 
 // sqsMaxRetention is the longest SQS keeps a message (source queue or DLQ).
@@ -104,24 +137,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // New migrates the database and wires everything; nothing runs until the
 // tasks do.
 func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client, metrics http.Handler, log *slog.Logger) (_ *App, err error) {
-	if err := idempotent.ValidateRetention(cfg.DedupeRetention, sqsMaxRetention); err != nil {
-		return nil, fmt.Errorf("DEDUPE_RETENTION: %w", err)
-	}
-	addr, err := service.ListenAddr(cfg.ListenAddr, cfg.Port)
+	front, err := cfg.parse()
 	if err != nil {
 		return nil, err
 	}
-	access, err := cfg.Access.Parse("REWARDS_", api.Needs, service.RoleRead)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.MaxRateBP < 0 || cfg.MaxRateBP > cashback.MaxRateBP {
-		return nil, fmt.Errorf("REWARDS_MAX_RATE_BP %d: want 0..%d", cfg.MaxRateBP, cashback.MaxRateBP)
-	}
-	if cfg.RateMinLead <= 0 {
-		return nil, fmt.Errorf("REWARDS_RATE_MIN_LEAD %v: want a positive duration", cfg.RateMinLead)
-	}
-	srv, err := api.New(pool, log, access, cashback.RateRules{MaxBP: cfg.MaxRateBP, MinLead: cfg.RateMinLead})
+	srv, err := api.New(pool, log, front.Access, cashback.RateRules{MaxBP: cfg.MaxRateBP, MinLead: cfg.RateMinLead})
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +220,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		"sqs " + cfg.RewardsQueue:  sqstransport.QueueCheck(client, cfg.RewardsQueue)})
 	srv.Routes(r)
 	return &App{Processor: proc, Fail: cfg.Fail, Router: r, pool: pool, subscriber: sub, relay: relay, wake: wake,
-		maintainer: maint, addr: addr, http: cfg.HTTP(), log: log}, nil
+		maintainer: maint, addr: front.Addr, http: cfg.HTTP(), log: log}, nil
 }
 
 // Tasks are the service's long-running parts, for service.Run.
