@@ -36,7 +36,7 @@ type config struct {
 
 func main() {
 	log := service.NewLogger("smsprovider")
-	cfg, err := service.LoadConfig[config]()
+	cfg, err := service.Load[config](nil) // the Process settings checked too
 	if err != nil {
 		service.Fatal(log, "bad configuration", err)
 	}
