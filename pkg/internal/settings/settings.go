@@ -33,13 +33,6 @@ func (e *Errors) AtLeast(name string, v, lo int) {
 	}
 }
 
-// Duration wants lo <= v <= hi.
-func (e *Errors) Duration(name string, v, lo, hi time.Duration) {
-	if v < lo || v > hi {
-		e.fail(name, v, fmt.Sprintf("%v..%v", lo, hi))
-	}
-}
-
 // Positive wants v > 0.
 func (e *Errors) Positive(name string, v time.Duration) {
 	if v <= 0 {
