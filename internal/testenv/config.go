@@ -37,18 +37,26 @@ func ConfigErrors(t *testing.T, base map[string]string, load func(args []string)
 			for k, v := range c.Env {
 				t.Setenv(k, v)
 			}
-			err := load(c.Args)
-			switch {
-			case len(c.Want) == 0 && err != nil:
-				t.Fatalf("refused: %v", err)
-			case len(c.Want) > 0 && err == nil:
-				t.Fatalf("accepted; want an error naming %q", c.Want)
-			}
-			for _, w := range c.Want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not hold %q", err, w)
-				}
-			}
+			WantError(t, "the environment", load(c.Args), c.Want...)
 		})
+	}
+}
+
+// WantError checks a validation's verdict on what: with no want (empty
+// strings do not count), err must be nil; with some, err must hold each.
+func WantError(t testing.TB, what string, err error, want ...string) {
+	t.Helper()
+	want = slices.DeleteFunc(slices.Clone(want), func(w string) bool { return w == "" })
+	switch {
+	case len(want) == 0 && err != nil:
+		t.Errorf("%s refused: %v", what, err)
+	case len(want) > 0 && err == nil:
+		t.Errorf("%s accepted; want an error holding %q", what, want)
+	case err != nil:
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q does not hold %q", what, err, w)
+			}
+		}
 	}
 }
