@@ -31,6 +31,19 @@ type config struct {
 	LogLevelDebug bool   `env:"LOG_DEBUG" envDefault:"false"`
 }
 
+// loadConfig reads the environment (opts.Environment, or the process's)
+// and refuses a concurrency the subscriber would silently replace.
+func loadConfig(opts env.Options) (config, error) {
+	cfg, err := env.ParseAsWithOptions[config](opts)
+	if err != nil {
+		return cfg, err
+	}
+	if cfg.Concurrency < 1 {
+		return cfg, fmt.Errorf("SUBSCRIBER_CONCURRENCY=%d: want at least 1", cfg.Concurrency)
+	}
+	return cfg, nil
+}
+
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "dynamocashback:", err)
@@ -39,7 +52,7 @@ func main() {
 }
 
 func run() error {
-	cfg, err := env.ParseAs[config]()
+	cfg, err := loadConfig(env.Options{})
 	if err != nil {
 		return err
 	}

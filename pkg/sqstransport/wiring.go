@@ -58,6 +58,63 @@ func NewQueueBatchSubscriber(ctx context.Context, c *sqs.Client, queue string, w
 	return NewBatchSubscriber(c, cfg, h)
 }
 
+// ConsumerEnv is the environment of a service that consumes one queue,
+// read alike by every such service. Embed it with no prefix,
+//
+//	sqstransport.ConsumerEnv `envPrefix:""`
+//
+// to get CONSUMER_CONCURRENCY, CONSUMER_BATCH_SIZE, QUEUE_WAIT and the
+// SUBSCRIBER_* of SubscriberEnv.
+type ConsumerEnv struct {
+	// Concurrency is how many receives (of up to BatchSize messages) are
+	// handled at once; with BatchSize 1, how many messages.
+	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
+	// BatchSize is how many messages one receive asks for and one call of
+	// the batch handler gets, 1..10 (10 is SQS's limit) [10; 0 in code
+	// means 10]. 1: the handler of one message, one call per message.
+	// SUBSCRIBER_MAX_MESSAGES, when set, sizes the receive instead.
+	BatchSize int `env:"CONSUMER_BATCH_SIZE" envDefault:"10"`
+	// QueueWait is how long the start waits for the service's queues to
+	// exist (QueueURL).
+	QueueWait time.Duration `env:"QUEUE_WAIT" envDefault:"2m"`
+	// SubscriberEnv (SUBSCRIBER_*) fills what the SubscriberConfig passed
+	// to Subscribe leaves zero.
+	SubscriberEnv SubscriberEnv `envPrefix:"SUBSCRIBER_"`
+}
+
+// Validate refuses, every error at once and each naming its variable, a
+// concurrency below 1, a batch size outside 1..10, a QUEUE_WAIT that is
+// not positive and what SubscriberEnv.Validate refuses.
+func (e ConsumerEnv) Validate() error {
+	c := settings.Errors{}
+	c.AtLeast("CONSUMER_CONCURRENCY", e.Concurrency, 1)
+	c.Int("CONSUMER_BATCH_SIZE", e.BatchSize, 1, maxMessages)
+	c.Positive("QUEUE_WAIT", e.QueueWait)
+	c.Add(e.SubscriberEnv.Validate("SUBSCRIBER_"))
+	return c.Err()
+}
+
+// Subscribe resolves queue (waiting up to QueueWait) and builds its
+// Subscriber from cfg, with e's Concurrency, a receive of BatchSize
+// messages unless cfg or SUBSCRIBER_MAX_MESSAGES sets one, and
+// SubscriberEnv filling cfg's zero tuning. Each receive goes to batch when
+// BatchSize is above 1 (a BatchSize out of range counts as 10), else each
+// message to one.
+func (e ConsumerEnv) Subscribe(ctx context.Context, c *sqs.Client, queue string, cfg SubscriberConfig,
+	log *slog.Logger, batch BatchHandler, one Handler) (*Subscriber, error) {
+	cfg.Concurrency = e.Concurrency
+	if e.BatchSize <= 0 || e.BatchSize > maxMessages {
+		e.BatchSize = maxMessages
+	}
+	if cfg.MaxMessages == 0 && e.SubscriberEnv.MaxMessages == 0 {
+		cfg.MaxMessages = e.BatchSize
+	}
+	if e.BatchSize > 1 {
+		return NewQueueBatchSubscriber(ctx, c, queue, e.QueueWait, cfg, e.SubscriberEnv, log, batch)
+	}
+	return NewQueueSubscriber(ctx, c, queue, e.QueueWait, cfg, e.SubscriberEnv, log, one)
+}
+
 // QueueCheck is a readiness check (a service.Check) that the SQS server
 // answers and knows the queue named name: a consumer or relay that cannot
 // reach its queue is not ready, even if its database is.

@@ -46,13 +46,11 @@ type Config struct {
 	// NOTIFICATIONS_RATE_LIMIT_PER_ADDRESS, NOTIFICATIONS_RATE_WINDOW.
 	Access       service.AccessEnv `envPrefix:"NOTIFICATIONS_"`
 	RewardsQueue string            `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
-	// Concurrency is how many receives (of up to BatchSize messages) are
-	// stored at once; with BatchSize 1, how many messages.
-	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
-	// BatchSize is how many messages one receive asks for and one INSERT
-	// stores in the inbox (idempotent.Inbox.ReceiveBatch), 1..10 (10 is
-	// SQS's limit) [10; 0 in code means 10]. 1: one INSERT per message.
-	BatchSize int `env:"CONSUMER_BATCH_SIZE" envDefault:"10"`
+	// CONSUMER_CONCURRENCY, CONSUMER_BATCH_SIZE, QUEUE_WAIT, SUBSCRIBER_*:
+	// each receive of up to CONSUMER_BATCH_SIZE messages is stored in the
+	// inbox by one INSERT (idempotent.Inbox.ReceiveBatch); with 1, one
+	// INSERT per message.
+	sqstransport.ConsumerEnv `envPrefix:""`
 	// DedupeRetention is the inbox's dedupe window (>= SQS's 14 days + 1).
 	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
 
@@ -86,15 +84,11 @@ type Config struct {
 	ProcessorWorkers   int `env:"PROCESSOR_WORKERS" envDefault:"2"`
 	ProcessorBatchSize int `env:"PROCESSOR_BATCH_SIZE" envDefault:"50"`
 
-	QueueWait time.Duration `env:"QUEUE_WAIT" envDefault:"2m"`
 	// Tuning for tests; zero values take the library defaults.
 	Subscriber sqstransport.SubscriberConfig `env:"-"`
 	Processor  idempotent.ProcessorConfig    `env:"-"`
 	SenderPoll time.Duration                 `env:"-"`
 	Provider   sms.Provider                  `env:"-"` // nil: the HTTP client of SMS_PROVIDER_URL
-
-	// SUBSCRIBER_* (see sqstransport.SubscriberEnv) fill what Subscriber leaves zero.
-	SubscriberEnv sqstransport.SubscriberEnv `envPrefix:"SUBSCRIBER_"`
 }
 
 // Policies turns the SENDING_POLICY_* settings into the sender's map.
@@ -124,8 +118,6 @@ func (c *Config) Complete(args []string) error {
 	}
 	_, _, err := c.parse()
 	l.Add(err)
-	l.AtLeast("CONSUMER_CONCURRENCY", c.Concurrency, 1)
-	l.Int("CONSUMER_BATCH_SIZE", c.BatchSize, 1, 10)
 	l.Positive("SMS_PROVIDER_TIMEOUT", c.SMSProviderTimeout)
 	l.Positive("SENDING_LEASE", c.SendingLease)
 	if c.SMSProviderTimeout > 0 && c.SendingLease < 2*c.SMSProviderTimeout {
@@ -139,8 +131,7 @@ func (c *Config) Complete(args []string) error {
 	l.AtLeast("SEND_CONCURRENCY", c.SendConcurrency, 1)
 	l.AtLeast("PROCESSOR_WORKERS", c.ProcessorWorkers, 1)
 	l.AtLeast("PROCESSOR_BATCH_SIZE", c.ProcessorBatchSize, 1)
-	l.Positive("QUEUE_WAIT", c.QueueWait)
-	l.Add(c.SubscriberEnv.Validate("SUBSCRIBER_"))
+	l.Add(c.ConsumerEnv.Validate())
 	return l.Err()
 }
 
@@ -274,24 +265,12 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 	}
 
 	sc := cfg.Subscriber
-	sc.Concurrency = cfg.Concurrency
 	if sc.Gate == nil {
 		if sc.Gate, err = service.DatabaseGate(pool, log); err != nil {
 			return nil, err
 		}
 	}
-	if cfg.BatchSize <= 0 || cfg.BatchSize > 10 {
-		cfg.BatchSize = 10
-	}
-	if sc.MaxMessages == 0 && cfg.SubscriberEnv.MaxMessages == 0 {
-		sc.MaxMessages = cfg.BatchSize
-	}
-	var sub *sqstransport.Subscriber
-	if cfg.BatchSize > 1 {
-		sub, err = sqstransport.NewQueueBatchSubscriber(ctx, client, cfg.RewardsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, batchReceiver(inbox))
-	} else {
-		sub, err = sqstransport.NewQueueSubscriber(ctx, client, cfg.RewardsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, receiver(inbox))
-	}
+	sub, err := cfg.Subscribe(ctx, client, cfg.RewardsQueue, sc, log, batchReceiver(inbox), receiver(inbox))
 	if err != nil {
 		return nil, err
 	}

@@ -69,10 +69,11 @@ func start(t *testing.T, mutate func(*app.Config)) *stack {
 	prov := httptest.NewServer(provHandler)
 	t.Cleanup(prov.Close)
 	cfg := app.Config{
-		Port: "0", RewardsQueue: s.queue[strings.LastIndex(s.queue, "/")+1:], Concurrency: 4,
+		Port: "0", RewardsQueue: s.queue[strings.LastIndex(s.queue, "/")+1:],
+		ConsumerEnv:     sqstransport.ConsumerEnv{Concurrency: 4, QueueWait: 10 * time.Second},
 		DedupeRetention: 360 * time.Hour, SMSProviderURL: prov.URL, SMSProviderAPIKey: providerSendKey, SMSProviderTimeout: time.Second, SMSProviderLookup: true,
 		SendingLease: 5 * time.Second, SendMaxAttempts: 5, SendRetryBase: 50 * time.Millisecond, SendRetryMax: time.Second,
-		SendConcurrency: 4, PolicyCashback: "resend", PolicyCashbackReversed: "resend", QueueWait: 10 * time.Second,
+		SendConcurrency: 4, PolicyCashback: "resend", PolicyCashbackReversed: "resend",
 		Subscriber: sqstransport.SubscriberConfig{WaitTime: time.Second, RetryBase: 100 * time.Millisecond, ShutdownGrace: 5 * time.Second},
 		Processor:  idempotent.ProcessorConfig{PollInterval: 50 * time.Millisecond},
 		SenderPoll: 50 * time.Millisecond,

@@ -44,15 +44,12 @@ type Config struct {
 	RateMinLead   time.Duration `env:"REWARDS_RATE_MIN_LEAD" envDefault:"1m"`
 	PaymentsQueue string        `env:"PAYMENTS_QUEUE" envDefault:"payments-events"`
 	RewardsQueue  string        `env:"REWARDS_QUEUE" envDefault:"rewards-events"`
-	// Concurrency is how many receives (batches of up to BatchSize
-	// events) are handled at once; with BatchSize 1, how many events.
-	Concurrency int `env:"CONSUMER_CONCURRENCY" envDefault:"8"`
-	// BatchSize is how many events one receive asks for and one
-	// transaction applies (idempotent.Consumer.HandleBatch, falling back to
-	// one transaction per event when anything in the batch fails), 1..10
-	// (10 is SQS's limit) [10; 0 in code means 10]. 1: one transaction per
-	// event.
-	BatchSize int `env:"CONSUMER_BATCH_SIZE" envDefault:"10"`
+	// CONSUMER_CONCURRENCY, CONSUMER_BATCH_SIZE, QUEUE_WAIT, SUBSCRIBER_*:
+	// each receive of up to CONSUMER_BATCH_SIZE events is applied in one
+	// transaction (idempotent.Consumer.HandleBatch, falling back to one
+	// transaction per event when anything in the batch fails); with 1, one
+	// transaction per event.
+	sqstransport.ConsumerEnv `envPrefix:""`
 	// DedupeRetention is the dedupe window: it must outlast SQS's 14-day
 	// maximum retention by a day, so the service refuses to start below 360h.
 	DedupeRetention time.Duration `env:"DEDUPE_RETENTION" envDefault:"360h"`
@@ -62,13 +59,10 @@ type Config struct {
 	Fail *cashback.FailHook `env:"-"`
 
 	// Tuning for tests; zero takes the library defaults.
-	QueueWait  time.Duration                 `env:"QUEUE_WAIT" envDefault:"2m"`
 	Subscriber sqstransport.SubscriberConfig `env:"-"`
 	Relay      outbox.RelayConfig            `env:"-"`
-	// SUBSCRIBER_* and RELAY_* (see sqstransport.SubscriberEnv, outbox.RelayEnv) fill
-	// what Subscriber and Relay leave zero.
-	SubscriberEnv sqstransport.SubscriberEnv `envPrefix:"SUBSCRIBER_"`
-	RelayEnv      outbox.RelayEnv            `envPrefix:"RELAY_"`
+	// RELAY_* (see outbox.RelayEnv) fill what Relay leaves zero.
+	RelayEnv outbox.RelayEnv `envPrefix:"RELAY_"`
 }
 
 // Complete checks the settings as loaded from the environment
@@ -81,10 +75,7 @@ func (c *Config) Complete(args []string) error {
 	}
 	_, err := c.parse()
 	l.Add(err)
-	l.AtLeast("CONSUMER_CONCURRENCY", c.Concurrency, 1)
-	l.Int("CONSUMER_BATCH_SIZE", c.BatchSize, 1, 10)
-	l.Positive("QUEUE_WAIT", c.QueueWait)
-	l.Add(c.SubscriberEnv.Validate("SUBSCRIBER_"))
+	l.Add(c.ConsumerEnv.Validate())
 	l.Add(c.RelayEnv.Validate("RELAY_"))
 	return l.Err()
 }
@@ -186,24 +177,12 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		return nil, err
 	}
 	sc := cfg.Subscriber
-	sc.Concurrency = cfg.Concurrency
 	if sc.Gate == nil {
 		if sc.Gate, err = service.DatabaseGate(pool, log); err != nil {
 			return nil, err
 		}
 	}
-	var sub *sqstransport.Subscriber
-	if cfg.BatchSize <= 0 || cfg.BatchSize > 10 {
-		cfg.BatchSize = 10
-	}
-	if sc.MaxMessages == 0 && cfg.SubscriberEnv.MaxMessages == 0 {
-		sc.MaxMessages = cfg.BatchSize
-	}
-	if cfg.BatchSize > 1 {
-		sub, err = sqstransport.NewQueueBatchSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleBatchDeliveries)
-	} else {
-		sub, err = sqstransport.NewQueueSubscriber(ctx, client, cfg.PaymentsQueue, cfg.QueueWait, sc, cfg.SubscriberEnv, log, proc.HandleDelivery)
-	}
+	sub, err := cfg.Subscribe(ctx, client, cfg.PaymentsQueue, sc, log, proc.HandleBatchDeliveries, proc.HandleDelivery)
 	if err != nil {
 		return nil, err
 	}

@@ -64,9 +64,8 @@ func start(t *testing.T, o options) *stack {
 		Port:            "0",
 		PaymentsQueue:   name(s.payments),
 		RewardsQueue:    name(s.rewards),
-		Concurrency:     4,
+		ConsumerEnv:     sqstransport.ConsumerEnv{Concurrency: 4, QueueWait: 10 * time.Second},
 		DedupeRetention: 360 * time.Hour,
-		QueueWait:       10 * time.Second,
 		Subscriber: sqstransport.SubscriberConfig{
 			WaitTime: time.Second, RetryBase: o.retryBase, RetryMax: 4 * o.retryBase, ShutdownGrace: 5 * time.Second,
 		},
