@@ -30,7 +30,7 @@ down:
 	$(STACK) down
 
 ## test: all tests against a real stack: the unit and integration tests,
-## then the e2e suite, on fauxqs; and again on moto, a second, independent
+## the fuzz targets (FUZZTIME each), then the e2e suite, on fauxqs; and again on moto, a second, independent
 ## SQS server, the SQS packages and the e2e scenarios about the queue
 ## (scripts/test.sh; a summary table closes it). A stack this target brings
 ## up is stopped afterwards, even when tests fail (the exit status is go

@@ -1,4 +1,4 @@
--- One PostgreSQL server, one database per service (DESIGN.md).
+-- One PostgreSQL server, one database per service (docs/design.md, Tables).
 CREATE DATABASE payments;
 CREATE DATABASE rewards;
 CREATE DATABASE notifications;

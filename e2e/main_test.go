@@ -26,9 +26,10 @@
 //
 // Without a stack (no .stack/env, as in a plain `go test ./...`) the suite
 // skips itself. E2E_STORM_N sets the number of payments of the storm
-// (default 1000); SOAK_DURATION, SOAK_PAYMENTS and SOAK_SEED configure the
-// chaos soak (TestChaosSoak, default 60s and 300 payments; make soak runs
-// it for 10 minutes).
+// (default 1000); E2E_OUTAGE the length of scenario 17's outages (default
+// 20s); SOAK_DURATION, SOAK_PAYMENTS, SOAK_SEED and SOAK_REPLICAS configure
+// the chaos soak (TestChaosSoak, default 60s, 300 payments and 2 replicas of
+// each process; make soak runs it for 10 minutes).
 package e2e
 
 import (

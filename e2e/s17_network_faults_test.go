@@ -53,7 +53,7 @@ func viaProxy(t testing.TB, key string) (*faults.Proxy, string) {
 
 // outageLength is how long the scenarios' outages last: E2E_OUTAGE, else
 // 20 s, longer than SQS needs to dead-letter a message that fails on every
-// receive with the scenario's retry settings (0.5+1+2+4+8 s to the 6th
+// receive with the scenario's retry settings (1+2+4+4+4 s to the 6th
 // receive). The soak runs the real lengths.
 func outageLength(t testing.TB) time.Duration {
 	if d, err := time.ParseDuration(os.Getenv("E2E_OUTAGE")); err == nil && d > 0 {
@@ -120,7 +120,7 @@ func TestTheCommitsAnswerIsLostAndTheRedeliveryIsADuplicateWithExactlyOneCredit(
 // database answers, the 500 are credited exactly once each.
 func TestADatabaseOutageLongerThanTheDeadLetterScheduleParksNothingAndEveryPaymentIsCreditedAfter(t *testing.T) {
 	db, env := viaProxy(t, "REWARDS_DATABASE_URL")
-	restartWith(t, "rewards", env, "SUBSCRIBER_RETRY_BASE=500ms", "SUBSCRIBER_RETRY_MAX=8s")
+	restartWith(t, "rewards", env, "SUBSCRIBER_RETRY_BASE=1s", "SUBSCRIBER_RETRY_MAX=4s")
 	outage := outageLength(t)
 	const n = 500
 	user := id("u_e2e17b")

@@ -28,7 +28,7 @@ func sourceFiles(t *testing.T) map[string]string {
 			return nil
 		}
 		switch ext := filepath.Ext(p); {
-		case ext == ".go", ext == ".md", ext == ".sh", ext == ".yml", d.Name() == "Makefile", d.Name() == "Dockerfile":
+		case ext == ".go", ext == ".md", ext == ".sh", ext == ".yml", ext == ".sql", ext == ".mjs", d.Name() == "Makefile", d.Name() == "Dockerfile":
 			b, err := os.ReadFile(p)
 			if err != nil {
 				return err

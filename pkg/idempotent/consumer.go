@@ -5,7 +5,7 @@
 //
 //	BEGIN
 //	INSERT INTO processed_messages ... ON CONFLICT DO NOTHING   -- the claim, first
-//	SELECT payload_hash ...                                     -- same round trip
+//	SELECT payload_hash ...                                     -- only after 0 rows
 //	  1 row  -> run the effect in this transaction, COMMIT       -> Applied
 //	  0 rows -> ROLLBACK                                        -> Duplicate (or Conflict)
 //

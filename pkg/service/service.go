@@ -130,7 +130,11 @@ type Task struct {
 
 // DefaultShutdownTimeout bounds how long Run waits for tasks to drain after
 // the stop signal when the caller gives no deadline. It outlasts the
-// subscriber's last long poll (20 s) and the HTTP server's drain (10 s).
+// subscriber's last long poll (20 s) and the HTTP server's drain (10 s),
+// and it bounds the subscriber's and the inbox processor's own grace for
+// their handlers (30 s each, from when they stop taking work): a handler
+// still running when it ends stops with the process, and its message or
+// row, uncommitted, is redelivered or reclaimed as after a crash.
 const DefaultShutdownTimeout = 30 * time.Second
 
 // Process is the configuration every service's process shares: how long
@@ -139,8 +143,9 @@ const DefaultShutdownTimeout = 30 * time.Second
 //
 //	service.Process `envPrefix:""`
 //
-// so main loads SHUTDOWN_TIMEOUT, HTTP_READ_TIMEOUT and HTTP_WRITE_TIMEOUT
-// with the rest; no function of this package reads the environment.
+// so main loads DB_MAX_CONNS, SHUTDOWN_TIMEOUT, HTTP_READ_TIMEOUT,
+// HTTP_WRITE_TIMEOUT, PPROF_ADDR and LOG_LEVEL with the rest; no function
+// of this package but NewLogger reads the environment.
 type Process struct {
 	// DBMaxConns caps the service's PostgreSQL pool when its URL sets no
 	// pool_max_conns. pgx's own default (the CPU count, at least 4) is too
@@ -154,6 +159,9 @@ type Process struct {
 	// PprofAddr, when set, serves Go's runtime profiles on this loopback
 	// address (see PprofTask); unset, there are none.
 	PprofAddr string `env:"PPROF_ADDR"`
+	// LogLevel is what NewLogger reads (it runs before the configuration
+	// is loaded, to report it); here only so that Validate checks it.
+	LogLevel string `env:"LOG_LEVEL"`
 }
 
 // ProcessConfig returns p; a config struct that embeds Process has it, which
@@ -161,8 +169,10 @@ type Process struct {
 func (p Process) ProcessConfig() Process { return p }
 
 // Validate refuses settings the process cannot run with as written: a pool
-// of no connections, and a zero or negative deadline (which the HTTP
-// server would take as none at all, leaving it open to slow clients).
+// of no connections, a zero or negative deadline (which the HTTP server
+// would take as none at all, leaving it open to slow clients), a log level
+// NewLogger would replace by info, and profiles on an address that is not
+// loopback.
 // Load calls it for every service.
 func (p Process) Validate() error {
 	var l Limits
@@ -170,6 +180,13 @@ func (p Process) Validate() error {
 	l.Positive("SHUTDOWN_TIMEOUT", p.ShutdownTimeout)
 	l.Positive("HTTP_READ_TIMEOUT", p.HTTPReadTimeout)
 	l.Positive("HTTP_WRITE_TIMEOUT", p.HTTPWriteTimeout)
+	var level slog.Level
+	if p.LogLevel != "" && level.UnmarshalText([]byte(p.LogLevel)) != nil {
+		l.Add(fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", p.LogLevel))
+	}
+	if p.PprofAddr != "" && !Loopback(p.PprofAddr) {
+		l.Add(fmt.Errorf("PPROF_ADDR=%q: profiles expose the process's memory; want a loopback address such as 127.0.0.1:6060", p.PprofAddr))
+	}
 	return l.Err()
 }
 

@@ -200,11 +200,14 @@ func TestProcessSettingsOutOfRangeAreRefusedAtLoadAllAtOnce(t *testing.T) {
 	t.Setenv("SHUTDOWN_TIMEOUT", "-1s")
 	t.Setenv("HTTP_READ_TIMEOUT", "0s")
 	t.Setenv("HTTP_WRITE_TIMEOUT", "1m")
+	t.Setenv("LOG_LEVEL", "verbose")
+	t.Setenv("PPROF_ADDR", "0.0.0.0:6060")
 	_, err := service.Load[completing](nil)
 	if err == nil {
 		t.Fatal("accepted")
 	}
-	for _, want := range []string{"configuration: ", "DB_MAX_CONNS=0: want at least 1", "SHUTDOWN_TIMEOUT=-1s", "HTTP_READ_TIMEOUT=0s", "the service's own"} {
+	for _, want := range []string{"configuration: ", "DB_MAX_CONNS=0: want at least 1", "SHUTDOWN_TIMEOUT=-1s", "HTTP_READ_TIMEOUT=0s",
+		`LOG_LEVEL="verbose": want debug, info, warn or error`, `PPROF_ADDR="0.0.0.0:6060"`, "the service's own"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
@@ -215,6 +218,8 @@ func TestProcessSettingsOutOfRangeAreRefusedAtLoadAllAtOnce(t *testing.T) {
 	t.Setenv("DB_MAX_CONNS", "4")
 	t.Setenv("SHUTDOWN_TIMEOUT", "5s")
 	t.Setenv("HTTP_READ_TIMEOUT", "5s")
+	t.Setenv("LOG_LEVEL", "DEBUG")
+	t.Setenv("PPROF_ADDR", "127.0.0.1:6060")
 	if _, err := service.Load[completing]([]string{"ok"}); err != nil {
 		t.Errorf("valid settings refused: %v", err)
 	}

@@ -87,7 +87,9 @@ type SubscriberConfig struct {
 	// the message becomes visible again after min(RetryMax,
 	// RetryBase*2^(receives-1)) [retry.BaseDefault, 1m], the retry
 	// package's schedule without jitter (SQS spreads redeliveries itself:
-	// each message's visibility runs from its own receive).
+	// each message's visibility runs from its own receive). SQS counts the
+	// delay in whole seconds: a fraction is dropped (a base below 1s makes
+	// the first redelivery immediate) and one above 12h is 12h.
 	RetryBase, RetryMax time.Duration
 	// ShutdownGrace bounds how long in-flight handlers may run after the
 	// context is cancelled [30s].
@@ -495,7 +497,7 @@ func (s *Subscriber) heartbeat(ctx context.Context, receipts []*string, log *slo
 
 func (s *Subscriber) setVisibility(ctx context.Context, receipt *string, d time.Duration, log *slog.Logger) {
 	_, err := s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
-		QueueUrl: &s.cfg.QueueURL, ReceiptHandle: receipt, VisibilityTimeout: int32(d / time.Second)})
+		QueueUrl: &s.cfg.QueueURL, ReceiptHandle: receipt, VisibilityTimeout: int32(min(d, maxVisibility) / time.Second)})
 	if err != nil {
 		log.Warn("change visibility failed", "error", err)
 	}

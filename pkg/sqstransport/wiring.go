@@ -172,8 +172,9 @@ func fill[T time.Duration | int](dst *T, v T) {
 }
 
 // Validate refuses what Apply would silently drop or the subscriber would
-// clamp: a negative setting, a long-poll wait or visibility outside SQS's
-// range or not in whole seconds (SQS counts both in seconds), more than 10
+// clamp: a negative setting, a long-poll wait, visibility or retry delay
+// outside SQS's range or not in whole seconds (SQS counts them in
+// seconds), more than 10
 // messages a receive, a handler deadline not below the visibility timeout,
 // a retry base above the retry maximum. prefix is the variables' prefix as
 // the service embeds SubscriberEnv ("SUBSCRIBER_"), for the errors to name
@@ -186,14 +187,15 @@ func (e SubscriberEnv) Validate(prefix string) error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"WAIT_TIME", e.WaitTime}, {"VISIBILITY", e.Visibility}} {
+	}{{"WAIT_TIME", e.WaitTime}, {"VISIBILITY", e.Visibility}, {"RETRY_BASE", e.RetryBase}, {"RETRY_MAX", e.RetryMax}} {
 		if d.v > 0 && d.v%time.Second != 0 {
 			c.Add(fmt.Errorf("%s%s=%v: want whole seconds (SQS counts it in seconds)", prefix, d.name, d.v))
 		}
 	}
 	c.Tuning("MAX_EXTENSION", e.MaxExtension, time.Second, maxVisibility)
-	c.Tuning("RETRY_BASE", e.RetryBase, time.Millisecond, 0)
-	c.Tuning("RETRY_MAX", e.RetryMax, time.Millisecond, 0)
+	// The retry delays are visibility timeouts too.
+	c.Tuning("RETRY_BASE", e.RetryBase, time.Second, maxVisibility)
+	c.Tuning("RETRY_MAX", e.RetryMax, time.Second, maxVisibility)
 	c.Tuning("SHUTDOWN_GRACE", e.ShutdownGrace, time.Millisecond, 0)
 	c.Tuning("HANDLER_TIMEOUT", e.HandlerTimeout, time.Millisecond, 0)
 	if vis := cmp.Or(e.Visibility, visibilityDefault); e.HandlerTimeout >= vis {

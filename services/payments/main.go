@@ -14,9 +14,13 @@
 // [24h], STARTUP_WAIT [60s], PAYMENTS_API_KEYS (name[/pay]:key,... required
 // for the api and all roles; see service.ParseAPIKeys), PAYMENTS_RATE_LIMIT
 // [1000] per PAYMENTS_RATE_WINDOW [1s] per client and
-// PAYMENTS_RATE_LIMIT_PER_ADDRESS [2000] per remote address, LOG_LEVEL
-// [info], FAILPOINTS (read only by -tags e2e builds), the relay's
-// tuning RELAY_LEASE, RELAY_POLL_INTERVAL, ... (outbox.RelayEnv), and the
+// PAYMENTS_RATE_LIMIT_PER_ADDRESS [2000] per remote address, FAILPOINTS
+// (read only by -tags e2e builds), the relay's tuning RELAY_LEASE,
+// RELAY_POLL_INTERVAL, RELAY_BATCH_SIZE, RELAY_WORKERS, RELAY_RETRY_BASE,
+// RELAY_RETRY_MAX, RELAY_DELETE_ON_PUBLISH (outbox.RelayEnv), what every
+// service reads (service.Process): LOG_LEVEL [info], DB_MAX_CONNS [10],
+// SHUTDOWN_TIMEOUT [30s], HTTP_READ_TIMEOUT [15s], HTTP_WRITE_TIMEOUT
+// [60s], PPROF_ADDR [unset], the standard OTEL_* variables, and the
 // standard AWS_* variables (AWS_ENDPOINT_URL for a local SQS). A setting
 // out of its range stops the process at start, before it connects to
 // anything, with every such variable named.

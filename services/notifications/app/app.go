@@ -35,7 +35,7 @@ const ConsumerName = "notifications"
 
 // Config is the service's environment.
 type Config struct {
-	service.Process `envPrefix:""` // SHUTDOWN_TIMEOUT, HTTP_READ_TIMEOUT, HTTP_WRITE_TIMEOUT
+	service.Process `envPrefix:""` // DB_MAX_CONNS, SHUTDOWN_TIMEOUT, HTTP_*_TIMEOUT, PPROF_ADDR, LOG_LEVEL
 
 	DatabaseURL string `env:"NOTIFICATIONS_DATABASE_URL,required,notEmpty"`
 	Port        string `env:"PORT" envDefault:"8083"`

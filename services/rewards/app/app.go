@@ -27,7 +27,7 @@ import (
 
 // Config is the service's environment.
 type Config struct {
-	service.Process `envPrefix:""` // SHUTDOWN_TIMEOUT, HTTP_READ_TIMEOUT, HTTP_WRITE_TIMEOUT
+	service.Process `envPrefix:""` // DB_MAX_CONNS, SHUTDOWN_TIMEOUT, HTTP_*_TIMEOUT, PPROF_ADDR, LOG_LEVEL
 
 	DatabaseURL string `env:"REWARDS_DATABASE_URL,required,notEmpty"`
 	Port        string `env:"PORT" envDefault:"8082"`

@@ -26,7 +26,7 @@ import (
 )
 
 type config struct {
-	service.Process `envPrefix:""` // SHUTDOWN_TIMEOUT, HTTP_READ_TIMEOUT, HTTP_WRITE_TIMEOUT
+	service.Process `envPrefix:""` // DB_MAX_CONNS, SHUTDOWN_TIMEOUT, HTTP_*_TIMEOUT, PPROF_ADDR, LOG_LEVEL
 
 	Port        string            `env:"SMS_PROVIDER_PORT" envDefault:"8090"`
 	ListenAddr  string            `env:"LISTEN_ADDR"`

@@ -1,0 +1,76 @@
+package sqstransport_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/effectively-once/payments-cashback/internal/testenv"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+)
+
+// recordVisibility records the VisibilityTimeout of every
+// ChangeMessageVisibility call a client makes, and its error.
+func recordVisibility(mu *sync.Mutex, got *[]int32, errs *[]error) func(*middleware.Stack) error {
+	return func(stack *middleware.Stack) error {
+		return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("recordVisibility",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				out, md, err := next.HandleInitialize(ctx, in)
+				if p, ok := in.Parameters.(*sqs.ChangeMessageVisibilityInput); ok {
+					mu.Lock()
+					*got, *errs = append(*got, p.VisibilityTimeout), append(*errs, err)
+					mu.Unlock()
+				}
+				return out, md, err
+			}), middleware.After)
+	}
+}
+
+// A retry delay beyond SQS's 12-hour limit, set in code, hides the failed
+// message for 12 hours: the call SQS would refuse (leaving the message to
+// come back after its visibility timeout instead) is never made.
+func TestARetryDelayAboveTwelveHoursIsTwelveHours(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, _ := testenv.Queue(t, c, 5, 30*time.Second)
+	var mu sync.Mutex
+	var got []int32
+	var errs []error
+	rec := sqs.New(c.Options(), func(o *sqs.Options) { o.APIOptions = append(o.APIOptions, recordVisibility(&mu, &got, &errs)) })
+	send(t, c, q, newEvent(t, 1))
+	cfg := testConfig(q)
+	cfg.RetryBase, cfg.RetryMax = 24*time.Hour, 48*time.Hour
+	failed := make(chan struct{}, 1)
+	start(t, rec, cfg, func(context.Context, sqstransport.Delivery) error {
+		select {
+		case failed <- struct{}{}:
+		default:
+		}
+		return errors.New("transient")
+	})
+	select {
+	case <-failed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the message was never handled")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) == 0 || got[0] != 12*60*60 || errs[0] != nil {
+		t.Fatalf("ChangeMessageVisibility calls %v (errors %v); want one of 43200 s that SQS accepts", got, errs)
+	}
+}
