@@ -126,7 +126,7 @@ func scope(r *http.Request, endpoint string) string {
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	req, bad := parseCreate(w, r)
 	if bad != nil {
-		bad.write(w)
+		bad.Write(w)
 		return
 	}
 	s.keys.Handle(w, r, httpidem.Request{
@@ -189,7 +189,7 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	req, bad := parseRefund(w, r)
 	if bad != nil {
-		bad.write(w)
+		bad.Write(w)
 		return
 	}
 	// An unknown payment is a bad request like any other: nothing written.
