@@ -4,7 +4,6 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/effectively-once/payments-cashback/pkg/httpjson"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/rewards/cashback"
 )
@@ -52,7 +52,9 @@ func New(pool *pgxpool.Pool, log *slog.Logger, access service.Access, rules cash
 //	POST /v1/cashback-rates     (admin) {"rate_bp":300,"effective_from":"RFC 3339"}:
 //	                            schedules a rate; effective_from defaults to now +
 //	                            the minimum lead; 422 if it is sooner (no
-//	                            retroactive rates) or rate_bp is above the ceiling
+//	                            retroactive rates) or rate_bp is above the ceiling;
+//	                            the body is read by httpjson.Decode (400 naming the
+//	                            field, 413 over 64 KiB), and a refused one writes nothing
 //
 // A key without the route's role is 403. A rate change is logged as one
 // audit line: the client, the rate it replaces and the new one.
@@ -106,10 +108,8 @@ func (s *Server) addRate(w http.ResponseWriter, r *http.Request) {
 		RateBP        *int      `json:"rate_bp"`
 		EffectiveFrom time.Time `json:"effective_from"`
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil {
-		service.WriteError(w, http.StatusBadRequest, "bad_request", "body", "the body must be one JSON object {\"rate_bp\":int, \"effective_from\":RFC 3339}")
+	if bad := httpjson.Decode(w, r, &body); bad != nil {
+		bad.Write(w)
 		return
 	}
 	if body.RateBP == nil || *body.RateBP < 0 {
