@@ -26,11 +26,14 @@
 // for tests in process, serves only the sender's API and /healthz, with no
 // key.
 //
+// Bodies are read by httpjson.Decode, as every API of the project reads
+// them: one object of known fields, at most 64 KiB (413 beyond), and a
+// refusal names the field without the decoder's text.
+//
 // State lives in memory (it is a dev tool) and is safe for concurrent use.
 package smsprovider
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -39,6 +42,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/effectively-once/payments-cashback/pkg/httpjson"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 )
 
@@ -177,8 +181,8 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request) {
 		To   string `json:"to"`
 		Body string `json:"body"`
 	}
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+	if bad := httpjson.Decode(w, r, &req); bad != nil {
+		bad.Write(w)
 		return
 	}
 	if req.To == "" || req.Body == "" {
@@ -320,10 +324,8 @@ func (s *Server) SetControl(c Control) {
 
 func (s *Server) setControl(w http.ResponseWriter, r *http.Request) {
 	var c Control
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+	if bad := httpjson.Decode(w, r, &c); bad != nil {
+		bad.Write(w)
 		return
 	}
 	s.SetControl(c)

@@ -383,3 +383,52 @@ func TestHostileRequestsToTheProvidersControlRoutesAreRefusedAndChangeNothing(t 
 		t.Errorf("lookup of sms:a with the sender's key: found %v, %v; want found", found, err)
 	}
 }
+
+// The provider reads its bodies as every API of the project does: strict,
+// at most 64 KiB (413 beyond), refusals in its own words and naming the
+// field; a refused send delivers nothing and a refused control changes
+// nothing.
+func TestBodiesAreReadStrictlyAndARefusedOneChangesNothing(t *testing.T) {
+	_, srv := start(t)
+	big := `{"to":"u_17","body":"` + strings.Repeat("x", 70<<10) + `"}`
+	for _, c := range []struct {
+		path, body string
+		status     int
+		code       string
+		message    string
+	}{
+		{"/v1/messages", `{"to":"u_17","body":"hi","cc":"u_18"}`, 400, "unknown_field", `unknown field "cc"`},
+		{"/v1/messages", msg + `{}`, 400, "malformed_json", "data after the JSON object"},
+		{"/v1/messages", `{"to":17,"body":"hi"}`, 400, "invalid_type", `field "to" must be a string, not a number`},
+		{"/v1/messages", `{"to":"u_17","to":"u_18","body":"hi"}`, 400, "duplicate_field", `field "to" given twice`},
+		{"/v1/messages", big, 413, "body_too_large", "body over 64 KiB"},
+		{"/v1/control", `{"fail_nex":1}`, 400, "unknown_field", `unknown field "fail_nex"`},
+		{"/v1/control", `{"fail_next":1} x`, 400, "malformed_json", "data after the JSON object"},
+		{"/v1/control", `{"hang_ms":"5"}`, 400, "invalid_type", `field "hang_ms" must be an integer, not a string`},
+		{"/v1/control", `{"fail_next":1,"pad":"` + strings.Repeat("x", 70<<10) + `"}`, 413, "body_too_large", "body over 64 KiB"},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+c.path, strings.NewReader(c.body))
+		req.Header.Set("Idempotency-Key", "sms:strict")
+		req.Header.Set("Authorization", "Bearer "+map[bool]string{true: sendKey, false: adminKey}[c.path == "/v1/messages"])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b service.ErrorBody
+		_ = json.NewDecoder(resp.Body).Decode(&b)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || b.Error.Code != c.code || b.Error.Message != c.message {
+			t.Errorf("POST %s %.40q: %d %+v, want %d %s %q", c.path, c.body, resp.StatusCode, b.Error, c.status, c.code, c.message)
+		}
+	}
+	if d := deliveries(t, srv.URL); d.Total != 0 {
+		t.Errorf("refused sends delivered %d messages", d.Total)
+	}
+	resp := send(t, http.MethodGet, srv.URL+"/v1/control", "")
+	defer resp.Body.Close()
+	var ctl map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&ctl)
+	if ctl["fail_next"] != float64(0) || ctl["hang_ms"] != float64(0) {
+		t.Errorf("control after refused changes: %v, want none", ctl)
+	}
+}
