@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/outage"
@@ -35,7 +38,7 @@ func start(t *testing.T) (*smsprovider.Server, *httptest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := p.Handler(service.Access{Keys: keys, RateLimit: 1000, AddressRateLimit: 1000, RateWindow: time.Second})
+	h, err := p.Handler(slog.New(slog.DiscardHandler), promhttp.Handler(), service.Access{Keys: keys, RateLimit: 1000, AddressRateLimit: 1000, RateWindow: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,5 +433,40 @@ func TestBodiesAreReadStrictlyAndARefusedOneChangesNothing(t *testing.T) {
 	_ = json.NewDecoder(resp.Body).Decode(&ctl)
 	if ctl["fail_next"] != float64(0) || ctl["hang_ms"] != float64(0) {
 		t.Errorf("control after refused changes: %v, want none", ctl)
+	}
+}
+
+// The provider serves what every service serves: /healthz, /readyz and
+// /metrics, open; an unknown route is a JSON 404 and a wrong method a JSON
+// 405 with its Allow header, as on the services.
+func TestTheProviderServesHealthReadinessMetricsAndJSONErrorsForUnknownRoutes(t *testing.T) {
+	_, srv := start(t)
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s without a key: %s, want 200", path, resp.Status)
+		}
+	}
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code, allow  string
+	}{
+		{http.MethodGet, "/v1/nope", http.StatusNotFound, "not_found", ""},
+		{http.MethodDelete, "/v1/messages", http.StatusMethodNotAllowed, "method_not_allowed", "GET, POST"},
+		{http.MethodGet, "/v1/reset", http.StatusMethodNotAllowed, "method_not_allowed", "POST"},
+	} {
+		resp := send(t, c.method, srv.URL+c.path, "")
+		var b service.ErrorBody
+		err := json.NewDecoder(resp.Body).Decode(&b)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || err != nil || b.Error.Code != c.code || resp.Header.Get("Allow") != c.allow {
+			t.Errorf("%s %s: %d %+v Allow %q (%v), want %d %s Allow %q", c.method, c.path, resp.StatusCode, b.Error,
+				resp.Header.Get("Allow"), err, c.status, c.code, c.allow)
+		}
 	}
 }
