@@ -30,8 +30,11 @@ var forbidden = map[string][]string{
 	"pkg/httpidem":   {"github.com/aws/", module + "/pkg/service", module + "/pkg/sqstransport", module + "/services/"},
 	"pkg/outbox":     {"github.com/aws/", module + "/pkg/service", module + "/pkg/sqstransport", module + "/services/"},
 	"pkg/idempotent": {"github.com/aws/", module + "/pkg/service", module + "/pkg/sqstransport", module + "/services/"},
-	"pkg/events":     {"github.com/aws/", "github.com/jackc/", module + "/pkg/", module + "/services/"},
-	"pkg/migrate":    {"github.com/aws/", module + "/pkg/", module + "/services/"},
+	// Strict request bodies: the envelope's duplicate-field scan and the
+	// error body, nothing of the service shell, no database.
+	"pkg/httpjson": {"github.com/aws/", "github.com/jackc/", "go.opentelemetry.io/", module + "/pkg/service", module + "/pkg/outbox", module + "/pkg/idempotent", module + "/pkg/sqstransport", module + "/pkg/httpidem", module + "/services/"},
+	"pkg/events":   {"github.com/aws/", "github.com/jackc/", module + "/pkg/", module + "/services/"},
+	"pkg/migrate":  {"github.com/aws/", module + "/pkg/", module + "/services/"},
 	// The transport knows the envelope and the outbox's Publisher, not the
 	// consumers built on it, nor the service shell.
 	"pkg/sqstransport":        {module + "/pkg/service", module + "/pkg/idempotent", module + "/pkg/httpidem", module + "/services/"},

@@ -2,8 +2,11 @@ package service
 
 import (
 	"context"
+	"crypto/rand"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/effectively-once/payments-cashback/pkg/errs"
@@ -16,17 +19,43 @@ import (
 // Check is one readiness probe (a database ping, a queue lookup).
 type Check func(ctx context.Context) error
 
-// NewRouter returns a chi router with request ids (X-Request-Id, taken from
-// the request or made, echoed in the response and put on every log line of
-// the request), a server span per request continuing the caller's W3C trace
+// NewRouter returns a chi router with request ids (X-Request-Id: the
+// client's if it is short and safe, see requestID, else one made here;
+// echoed in the response and put on every log line of the request), a
+// server span per request continuing the caller's W3C trace
 // (named by route, e.g. "POST /v1/payments/{id}/refund"), panic recovery,
 // access logs, and the endpoints every service exposes: /healthz (the
 // process is up), /readyz (every check passes within 2 s; the body names
 // each check with "ok" or "failing", the error goes to the log) and
 // /metrics. These three need no key.
+//
+// A path no route has is 404 not_found, a route asked with a method it
+// lacks 405 method_not_allowed with its Allow header, both in the JSON
+// error shape (errs.Body) of every other answer. Both come before any key
+// is asked for: routing decides them, and the route's own middleware (the
+// key, the rate limits) runs only for a method it has. That tells a caller
+// without a key nothing it could not learn anyway: the routes and their
+// methods are documented, and a known path already answers 401 where an
+// unknown one answers 404. Asking for the key first would instead answer a
+// wrong method with 401, sending a client with a good key after the wrong
+// problem.
 func NewRouter(log *slog.Logger, metrics http.Handler, checks map[string]Check) chi.Router {
 	r := chi.NewRouter()
-	r.Use(middleware.RequestID, echoRequestID,
+	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
+		WriteError(w, http.StatusNotFound, "not_found", "", "no such route")
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		var allowed []string
+		for _, m := range routeMethods {
+			if r.Match(chi.NewRouteContext(), m, req.URL.Path) {
+				allowed = append(allowed, m)
+			}
+		}
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
+		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "",
+			fmt.Sprintf("this route does not take %s; it takes %s", req.Method, strings.Join(allowed, ", ")))
+	})
+	r.Use(requestID, echoRequestID,
 		otelhttp.NewMiddleware("http", otelhttp.WithFilter(func(r *http.Request) bool { return !probe(r.URL.Path) })),
 		nameSpanByRoute, middleware.Recoverer, accessLog(log))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -58,6 +87,43 @@ func NewRouter(log *slog.Logger, metrics http.Handler, checks map[string]Check) 
 // polled every few seconds, neither traced nor logged.
 func probe(path string) bool {
 	return path == "/healthz" || path == "/readyz" || path == "/metrics"
+}
+
+// routeMethods are the methods a 405's Allow header may list.
+var routeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+	http.MethodPatch, http.MethodDelete, http.MethodOptions}
+
+// MaxRequestIDLength bounds a client's X-Request-Id that the router keeps.
+const MaxRequestIDLength = 64
+
+// requestID puts the request's id where middleware.GetReqID (the logs,
+// InternalError) finds it: the client's X-Request-Id when it is 1 to
+// MaxRequestIDLength of A-Z a-z 0-9 . _ : - (so a caller can follow its own
+// id through the logs), otherwise a new random one of 26 such characters.
+// Anything else a client sends (markup, spaces, control or bidi
+// characters, kilobytes) is never echoed, logged or put in a 500 body.
+func requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(middleware.RequestIDHeader)
+		if !safeRequestID(id) {
+			id = rand.Text()
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), middleware.RequestIDKey, id)))
+	})
+}
+
+func safeRequestID(id string) bool {
+	if id == "" || len(id) > MaxRequestIDLength {
+		return false
+	}
+	for i := range len(id) {
+		switch c := id[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '_', c == ':', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func echoRequestID(next http.Handler) http.Handler {

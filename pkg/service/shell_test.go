@@ -5,13 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -274,5 +277,105 @@ func TestTraceExporterIsChosenByTheStandardVariablesAndIsNoneWhenUnset(t *testin
 				t.Errorf("exporter %q, want %q", tel.Exporter, c.want)
 			}
 		})
+	}
+}
+
+// An unknown route is 404 and a known route asked with another method 405
+// (with its Allow header), both in the JSON error shape of every other
+// answer, before any key is asked for.
+func TestUnknownRoutesAndWrongMethodsAnswerTheJSONErrorShape(t *testing.T) {
+	r := service.NewRouter(slog.New(slog.DiscardHandler), nil, nil)
+	r.Group(func(r chi.Router) {
+		r.Use(service.RequireAPIKey(service.APIKeys{}))
+		r.Get("/v1/things/{id}", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+		r.Post("/v1/things/{id}", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	})
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code, allow  string
+	}{
+		{http.MethodGet, "/nope", http.StatusNotFound, "not_found", ""},
+		{http.MethodGet, "/v1/things", http.StatusNotFound, "not_found", ""},
+		{http.MethodDelete, "/v1/things/1", http.StatusMethodNotAllowed, "method_not_allowed", "GET, POST"},
+		{http.MethodPost, "/healthz", http.StatusMethodNotAllowed, "method_not_allowed", "GET"},
+	} {
+		req, _ := http.NewRequest(c.method, srv.URL+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b service.ErrorBody
+		err = json.NewDecoder(resp.Body).Decode(&b)
+		resp.Body.Close()
+		what := c.method + " " + c.path
+		if resp.StatusCode != c.status || err != nil || b.Error.Code != c.code || b.Error.Message == "" {
+			t.Errorf("%s: %d %+v (%v), want %d %s with a message", what, resp.StatusCode, b.Error, err, c.status, c.code)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s: Content-Type %q, want application/json", what, ct)
+		}
+		if got := strings.Join(resp.Header.Values("Allow"), ", "); got != c.allow {
+			t.Errorf("%s: Allow %q, want %q", what, got, c.allow)
+		}
+	}
+}
+
+// A client's X-Request-Id is kept only when it is short and safe (1 to 64
+// of A-Z a-z 0-9 . _ : -); any other is replaced by a made one, which is
+// what the response, the logs and a 500 body then carry.
+func TestAClientsRequestIDIsKeptOnlyWhenShortAndSafe(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(service.NewContextHandler(&buf, slog.LevelInfo))
+	r := service.NewRouter(log, nil, nil)
+	r.Get("/fail", func(w http.ResponseWriter, req *http.Request) {
+		service.InternalError(w, req, log, "it failed", errors.New("boom"))
+	})
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	safe := regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+	long64 := strings.Repeat("a", 64)
+	for _, c := range []struct {
+		sent string
+		kept bool
+	}{
+		{"req-abc", true},
+		{"trace:01J.x_y-z", true},
+		{long64, true},
+		{long64 + "a", false},
+		{"<script>alert(1)</script>", false},
+		{"a b", false},
+		{"id\u202e", false},
+		{strings.Repeat("x", 3000), false},
+	} {
+		buf.Reset()
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/fail", nil)
+		req.Header.Set("X-Request-Id", c.sent)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b service.ErrorBody
+		_ = json.NewDecoder(resp.Body).Decode(&b)
+		resp.Body.Close()
+		got := resp.Header.Get("X-Request-Id")
+		what := fmt.Sprintf("X-Request-Id %.40q", c.sent)
+		if c.kept && got != c.sent {
+			t.Errorf("%s: echoed %q, want it kept", what, got)
+		}
+		if !c.kept && (got == c.sent || !safe.MatchString(got)) {
+			t.Errorf("%s: echoed %q, want a new safe id", what, got)
+		}
+		if b.Error.RequestID != got {
+			t.Errorf("%s: the 500 body says request_id %q, the header %q", what, b.Error.RequestID, got)
+		}
+		if !c.kept && strings.Contains(buf.String(), c.sent) {
+			t.Errorf("%s: the logs carry the client's id:\n%s", what, buf.String())
+		}
+		if !strings.Contains(buf.String(), `"request_id":"`+got+`"`) {
+			t.Errorf("%s: no log line with request_id %q:\n%s", what, got, buf.String())
+		}
 	}
 }

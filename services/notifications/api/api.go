@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -38,6 +40,10 @@ type Notification struct {
 	SentAt            *time.Time `json:"sent_at,omitempty"`
 }
 
+// Statuses are the states a notification can be in (the notifications
+// table's CHECK): the only values ?status= takes.
+var Statuses = []string{"PENDING", "SENDING", "SENT", "FAILED"}
+
 // Needs are the roles the routes need: the service refuses to start
 // without a client for each.
 var Needs = []service.Role{service.RoleRead}
@@ -49,6 +55,9 @@ var Needs = []service.Role{service.RoleRead}
 //	GET /v1/notifications?event_id=<uuid>[&status=SENT][&limit=100]
 //	    {"notifications":[...]}: the rows of that event (one per channel),
 //	    or, without event_id, the most recent ones (newest first).
+//	    A parameter of the wrong shape (an event_id that is no UUID, a
+//	    status not in Statuses, a limit outside 1..1000) is 400 naming it,
+//	    answered without a query.
 //
 // Rows hold phone numbers: that is why reading them needs a key.
 func Routes(r chi.Router, pool *pgxpool.Pool, log *slog.Logger, access service.Access) error {
@@ -76,6 +85,10 @@ func list(pool *pgxpool.Pool, log *slog.Logger) http.HandlerFunc {
 		}
 		var status *string
 		if s := q.Get("status"); s != "" {
+			if !slices.Contains(Statuses, s) {
+				service.WriteError(w, http.StatusBadRequest, "invalid", "status", "status must be one of "+strings.Join(Statuses, ", "))
+				return
+			}
 			status = &s
 		}
 		limit := 100

@@ -2,8 +2,10 @@ package app_test
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -83,5 +85,51 @@ func TestNotificationsRefusesToStartWithoutAReadKey(t *testing.T) {
 	_, err := app.New(context.Background(), cfg, nil, nil, nil, slog.Default())
 	if err == nil || !strings.Contains(err.Error(), "NOTIFICATIONS_API_KEYS is empty") {
 		t.Errorf("no keys: %v, want NOTIFICATIONS_API_KEYS is empty", err)
+	}
+}
+
+// ?status= is one of the four states a notification can be in; anything
+// else (a typo, a NUL, bytes that are not UTF-8) is 400 naming the allowed
+// values, answered without a query (the pool is closed: a query would be
+// a 500). A bad event_id or limit is 400 too.
+func TestANotificationsQueryOutsideTheStatesIsRefusedWithoutAskingTheDatabase(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &testenv.Buffer{}
+	log := slog.New(service.NewContextHandler(logs, slog.LevelInfo))
+	access, err := testAccess.Parse("NOTIFICATIONS_", api.Needs, service.RoleRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := service.NewRouter(log, nil, nil)
+	if err := api.Routes(r, pool, log, access); err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	get := func(q string) (int, service.ErrorBody) {
+		req := httptest.NewRequest(http.MethodGet, "/v1/notifications"+q, nil)
+		req.Header.Set("Authorization", "Bearer "+readKey)
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, req)
+		var b service.ErrorBody
+		_ = json.Unmarshal(w.Body.Bytes(), &b)
+		return w.Code, b
+	}
+	for _, q := range []string{"?status=bogus", "?status=sent", "?status=%FF", "?status=SENT%00", "?event_id=%00", "?limit=%FF"} {
+		code, b := get(q)
+		if code != http.StatusBadRequest || b.Error.Field == "" {
+			t.Errorf("%s: %d %+v, want 400 naming the parameter", q, code, b.Error)
+		}
+		if strings.HasPrefix(q, "?status=") && b.Error.Message != "status must be one of PENDING, SENDING, SENT, FAILED" {
+			t.Errorf("%s: message %q, want the allowed values", q, b.Error.Message)
+		}
+	}
+	if strings.Contains(logs.String(), `"level":"ERROR"`) {
+		t.Errorf("a query value outside its shape reached the database:\n%.2000s", logs.String())
+	}
+	if code, _ := get("?status=SENT"); code != http.StatusInternalServerError {
+		t.Errorf("status=SENT on the closed pool: %d, want 500 (the checks above would prove nothing)", code)
 	}
 }

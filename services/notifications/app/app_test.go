@@ -62,7 +62,7 @@ func start(t *testing.T, mutate func(*app.Config)) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	provHandler, err := s.provider.Handler(provAccess)
+	provHandler, err := s.provider.Handler(slog.New(slog.DiscardHandler), nil, provAccess)
 	if err != nil {
 		t.Fatal(err)
 	}

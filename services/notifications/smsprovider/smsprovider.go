@@ -16,22 +16,26 @@
 //	                         the number of send requests seen for it.
 //	POST /v1/control         fault injection, see Control. GET shows the current one.
 //	POST /v1/reset           forget every message and fault.
-//	GET  /healthz
+//	GET  /healthz, /readyz, /metrics
 //
 // The first two are the sender's API. Handler, as the command serves it,
-// puts every route but /healthz behind API keys: the sender's API needs the
+// puts every route but the last three behind API keys: the sender's API needs the
 // role send (a real provider wants its customer's credential, and a lookup
 // shows a phone number), deliveries and GET control the role read (they
 // hold phone numbers), POST control and reset the role admin. ServeHTTP,
 // for tests in process, serves only the sender's API and /healthz, with no
 // key.
 //
+// Bodies are read by httpjson.Decode, as every API of the project reads
+// them: one object of known fields, at most 64 KiB (413 beyond), and a
+// refusal names the field without the decoder's text.
+//
 // State lives in memory (it is a dev tool) and is safe for concurrent use.
 package smsprovider
 
 import (
-	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -39,6 +43,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/effectively-once/payments-cashback/pkg/httpjson"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 )
 
@@ -121,19 +126,23 @@ func New() *Server {
 var Needs = []service.Role{service.RoleRead, service.RoleAdmin, service.RoleSend}
 
 // Handler is the provider as its command serves it, every route but
-// /healthz behind a key (401 without one, 403 without the route's role):
+// /healthz, /readyz and /metrics behind a key (401 without one, 403 without the route's role):
 // the sender's API (send, lookup) needs the role send, as a real
 // provider's API wants the sender's credential; deliveries and GET
 // /v1/control need read; POST /v1/control and /v1/reset need admin. The
 // operator's routes come after access's rate limits. The sender's API has
 // none: the double answers as fast as it is asked, and a test that wants
 // it to refuse (429, 5xx) says so through POST /v1/control.
-func (s *Server) Handler(access service.Access) (http.Handler, error) {
+//
+// It is built on service.NewRouter, as the services are: request ids,
+// server spans continuing the sender's trace, access logs, JSON 404 and
+// 405 answers, and the open /healthz, /readyz (no checks: the double
+// depends on nothing) and /metrics (metrics; none when nil).
+func (s *Server) Handler(log *slog.Logger, metrics http.Handler, access service.Access) (http.Handler, error) {
 	if err := access.Keys.Need(Needs...); err != nil {
 		return nil, fmt.Errorf("smsprovider: %w", err)
 	}
-	r := chi.NewRouter()
-	r.Get("/healthz", health)
+	r := service.NewRouter(log, metrics, nil)
 	r.Group(func(r chi.Router) {
 		r.Use(service.RequireAPIKey(access.Keys), service.RequireRole(service.RoleSend))
 		r.Post("/v1/messages", s.send)
@@ -177,8 +186,8 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request) {
 		To   string `json:"to"`
 		Body string `json:"body"`
 	}
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+	if bad := httpjson.Decode(w, r, &req); bad != nil {
+		bad.Write(w)
 		return
 	}
 	if req.To == "" || req.Body == "" {
@@ -320,10 +329,8 @@ func (s *Server) SetControl(c Control) {
 
 func (s *Server) setControl(w http.ResponseWriter, r *http.Request) {
 	var c Control
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+	if bad := httpjson.Decode(w, r, &c); bad != nil {
+		bad.Write(w)
 		return
 	}
 	s.SetControl(c)

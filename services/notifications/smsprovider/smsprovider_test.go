@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/outage"
@@ -35,7 +38,7 @@ func start(t *testing.T) (*smsprovider.Server, *httptest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := p.Handler(service.Access{Keys: keys, RateLimit: 1000, AddressRateLimit: 1000, RateWindow: time.Second})
+	h, err := p.Handler(slog.New(slog.DiscardHandler), promhttp.Handler(), service.Access{Keys: keys, RateLimit: 1000, AddressRateLimit: 1000, RateWindow: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,5 +384,89 @@ func TestHostileRequestsToTheProvidersControlRoutesAreRefusedAndChangeNothing(t 
 	}
 	if _, found, err := sms.NewHTTPProvider(srv.URL, sendKey, time.Second).Lookup(context.Background(), "sms:a"); !found || err != nil {
 		t.Errorf("lookup of sms:a with the sender's key: found %v, %v; want found", found, err)
+	}
+}
+
+// The provider reads its bodies as every API of the project does: strict,
+// at most 64 KiB (413 beyond), refusals in its own words and naming the
+// field; a refused send delivers nothing and a refused control changes
+// nothing.
+func TestBodiesAreReadStrictlyAndARefusedOneChangesNothing(t *testing.T) {
+	_, srv := start(t)
+	big := `{"to":"u_17","body":"` + strings.Repeat("x", 70<<10) + `"}`
+	for _, c := range []struct {
+		path, body string
+		status     int
+		code       string
+		message    string
+	}{
+		{"/v1/messages", `{"to":"u_17","body":"hi","cc":"u_18"}`, 400, "unknown_field", `unknown field "cc"`},
+		{"/v1/messages", msg + `{}`, 400, "malformed_json", "data after the JSON object"},
+		{"/v1/messages", `{"to":17,"body":"hi"}`, 400, "invalid_type", `field "to" must be a string, not a number`},
+		{"/v1/messages", `{"to":"u_17","to":"u_18","body":"hi"}`, 400, "duplicate_field", `field "to" given twice`},
+		{"/v1/messages", big, 413, "body_too_large", "body over 64 KiB"},
+		{"/v1/control", `{"fail_nex":1}`, 400, "unknown_field", `unknown field "fail_nex"`},
+		{"/v1/control", `{"fail_next":1} x`, 400, "malformed_json", "data after the JSON object"},
+		{"/v1/control", `{"hang_ms":"5"}`, 400, "invalid_type", `field "hang_ms" must be an integer, not a string`},
+		{"/v1/control", `{"fail_next":1,"pad":"` + strings.Repeat("x", 70<<10) + `"}`, 413, "body_too_large", "body over 64 KiB"},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+c.path, strings.NewReader(c.body))
+		req.Header.Set("Idempotency-Key", "sms:strict")
+		req.Header.Set("Authorization", "Bearer "+map[bool]string{true: sendKey, false: adminKey}[c.path == "/v1/messages"])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b service.ErrorBody
+		_ = json.NewDecoder(resp.Body).Decode(&b)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || b.Error.Code != c.code || b.Error.Message != c.message {
+			t.Errorf("POST %s %.40q: %d %+v, want %d %s %q", c.path, c.body, resp.StatusCode, b.Error, c.status, c.code, c.message)
+		}
+	}
+	if d := deliveries(t, srv.URL); d.Total != 0 {
+		t.Errorf("refused sends delivered %d messages", d.Total)
+	}
+	resp := send(t, http.MethodGet, srv.URL+"/v1/control", "")
+	defer resp.Body.Close()
+	var ctl map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&ctl)
+	if ctl["fail_next"] != float64(0) || ctl["hang_ms"] != float64(0) {
+		t.Errorf("control after refused changes: %v, want none", ctl)
+	}
+}
+
+// The provider serves what every service serves: /healthz, /readyz and
+// /metrics, open; an unknown route is a JSON 404 and a wrong method a JSON
+// 405 with its Allow header, as on the services.
+func TestTheProviderServesHealthReadinessMetricsAndJSONErrorsForUnknownRoutes(t *testing.T) {
+	_, srv := start(t)
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s without a key: %s, want 200", path, resp.Status)
+		}
+	}
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code, allow  string
+	}{
+		{http.MethodGet, "/v1/nope", http.StatusNotFound, "not_found", ""},
+		{http.MethodDelete, "/v1/messages", http.StatusMethodNotAllowed, "method_not_allowed", "GET, POST"},
+		{http.MethodGet, "/v1/reset", http.StatusMethodNotAllowed, "method_not_allowed", "POST"},
+	} {
+		resp := send(t, c.method, srv.URL+c.path, "")
+		var b service.ErrorBody
+		err := json.NewDecoder(resp.Body).Decode(&b)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || err != nil || b.Error.Code != c.code || resp.Header.Get("Allow") != c.allow {
+			t.Errorf("%s %s: %d %+v Allow %q (%v), want %d %s Allow %q", c.method, c.path, resp.StatusCode, b.Error,
+				resp.Header.Get("Allow"), err, c.status, c.code, c.allow)
+		}
 	}
 }

@@ -40,6 +40,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
 	"github.com/effectively-once/payments-cashback/pkg/httpidem"
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
@@ -104,7 +105,8 @@ func New(pool *pgxpool.Pool, keys *httpidem.Store, gw Gateway, log *slog.Logger,
 // client with RolePay and counts against that client's rate limit; all are
 // checked before anything is read or written. A payment belongs to the
 // client that made it: another client's GET or refund of it is 404, as for
-// a payment that does not exist. The router's server
+// a payment that does not exist, and so is an id outside the id allowlist
+// (events.ValidID), answered without a query. The router's server
 // span (service.NewRouter) carries the caller's trace into the outbox row's
 // traceparent, and from there to SQS.
 func (s *Server) Routes(r chi.Router) {
@@ -126,7 +128,7 @@ func scope(r *http.Request, endpoint string) string {
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	req, bad := parseCreate(w, r)
 	if bad != nil {
-		bad.write(w)
+		bad.Write(w)
 		return
 	}
 	s.keys.Handle(w, r, httpidem.Request{
@@ -172,10 +174,29 @@ func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment
 	return err
 }
 
+// paymentID is the request's {id}, or "" when it cannot name a payment:
+// one outside the id allowlist (events.ValidID), such as a NUL, bytes that
+// are not UTF-8 or a bidi override, is answered 404 without a query.
+func paymentID(r *http.Request) string {
+	if id := chi.URLParam(r, "id"); events.ValidID(id) {
+		return id
+	}
+	return ""
+}
+
+func notFound(w http.ResponseWriter) {
+	service.WriteError(w, http.StatusNotFound, "payment_not_found", "id", "no payment with this id")
+}
+
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
-	p, err := store.Get(r.Context(), s.pool, service.ClientOf(r.Context()), chi.URLParam(r, "id"))
+	id := paymentID(r)
+	if id == "" {
+		notFound(w)
+		return
+	}
+	p, err := store.Get(r.Context(), s.pool, service.ClientOf(r.Context()), id)
 	if errors.Is(err, store.ErrNotFound) {
-		service.WriteError(w, http.StatusNotFound, "payment_not_found", "id", "no payment with this id")
+		notFound(w)
 		return
 	}
 	if err != nil {
@@ -186,17 +207,21 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
-	id := chi.URLParam(r, "id")
+	id := paymentID(r)
+	if id == "" {
+		notFound(w)
+		return
+	}
 	req, bad := parseRefund(w, r)
 	if bad != nil {
-		bad.write(w)
+		bad.Write(w)
 		return
 	}
 	// An unknown payment is a bad request like any other: nothing written.
 	client := service.ClientOf(r.Context())
 	if _, err := store.Get(r.Context(), s.pool, client, id); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			service.WriteError(w, http.StatusNotFound, "payment_not_found", "id", "no payment with this id")
+			notFound(w)
 			return
 		}
 		service.InternalError(w, r, s.log, "get payment", err)

@@ -283,3 +283,36 @@ func TestRequestsWithoutAKeyAreRateLimitedPerAddressBeforeAuthentication(t *test
 	}
 	e.assertNothingWritten()
 }
+
+// A refused body is answered in the API's own words: what is wrong and
+// where, never encoding/json's text (its error strings, Go type or struct
+// names).
+func TestRefusedBodiesAreExplainedWithoutTheDecodersText(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	cases := []struct{ body, field, message string }{
+		{`xyz`, "body", "body is not valid JSON (at byte 1)"},
+		{`{"user_id":`, "body", "body ends early"},
+		{strings.Repeat("[", 30000) + strings.Repeat("]", 30000), "body", "body nests too deep"},
+		{validBody + `{}`, "body", "data after the JSON object"},
+		{`{"user_id":"u_17","user_id":"u_18","amount_paise":1,"currency":"INR","method":"upi"}`, "user_id", `field "user_id" given twice`},
+		{`{"user_id":17,"amount_paise":120000,"currency":"INR","method":"upi"}`, "user_id", `field "user_id" must be a string, not a number`},
+	}
+	for _, c := range cases {
+		r := e.raw(map[string]string{"Authorization": "Bearer " + webKey, "Idempotency-Key": "k-words"}, []byte(c.body))
+		d := r.errorDetail(t)
+		if r.status != http.StatusBadRequest || d.Field != c.field || d.Message != c.message {
+			t.Errorf("body %.40q: %d %+v, want 400 field %q message %q", c.body, r.status, d, c.field, c.message)
+		}
+		for _, leak := range []string{"invalid character", "unexpected EOF", "exceeded max depth", "json:", "Go struct"} {
+			if strings.Contains(string(r.body), leak) {
+				t.Errorf("body %.40q: the answer carries the decoder's %q: %s", c.body, leak, r.body)
+			}
+		}
+	}
+	huge := e.raw(map[string]string{"Authorization": "Bearer " + webKey, "Idempotency-Key": "k-words"},
+		[]byte(`{"user_id":"`+strings.Repeat("x", 70<<10)+`"}`))
+	if d := huge.errorDetail(t); huge.status != http.StatusRequestEntityTooLarge || d.Message != "body over 64 KiB" {
+		t.Errorf("70 KiB body: %d %+v, want 413 \"body over 64 KiB\"", huge.status, d)
+	}
+	e.assertNothingWritten()
+}

@@ -1,23 +1,15 @@
 package api
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"reflect"
-	"strings"
 
 	"github.com/effectively-once/payments-cashback/pkg/events"
-	"github.com/effectively-once/payments-cashback/pkg/service"
+	"github.com/effectively-once/payments-cashback/pkg/httpjson"
 )
 
-// Limits of the request bodies.
+// Limits of the request bodies (which httpjson reads, at most
+// httpjson.MaxBytes, strictly).
 const (
-	MaxBodyBytes   = 64 << 10
 	MaxAmountPaise = 99_999_999         // ₹999,999.99: Stripe's largest amount for INR (8 digits)
 	maxUserIDLen   = events.MaxIDLength // user ids are checked by events.ValidID: an ASCII allowlist
 )
@@ -31,18 +23,10 @@ var currencies = map[string]bool{"INR": true}
 var methods = map[string]bool{"upi": true, "card": true, "netbanking": true, "wallet": true}
 
 // requestError is a 4xx answer to a bad request: nothing was written.
-type requestError struct {
-	status      int
-	code, field string
-	message     string
-}
-
-func (e *requestError) write(w http.ResponseWriter) {
-	service.WriteError(w, e.status, e.code, e.field, e.message)
-}
+type requestError = httpjson.Error
 
 func invalid(field, format string, args ...any) *requestError {
-	return &requestError{http.StatusBadRequest, "invalid_field", field, fmt.Sprintf(format, args...)}
+	return httpjson.Invalid("invalid_field", field, format, args...)
 }
 
 // createRequest is the body of POST /v1/payments as sent; pointers tell a
@@ -67,7 +51,7 @@ type NewPayment struct {
 // offending field.
 func parseCreate(w http.ResponseWriter, r *http.Request) (NewPayment, *requestError) {
 	var req createRequest
-	if err := decodeBody(w, r, &req, false); err != nil {
+	if err := httpjson.Decode(w, r, &req); err != nil {
 		return NewPayment{}, err
 	}
 	switch {
@@ -91,8 +75,8 @@ func parseCreate(w http.ResponseWriter, r *http.Request) (NewPayment, *requestEr
 		return NewPayment{}, invalid("amount_paise", "amount_paise must be at most %d", MaxAmountPaise)
 	}
 	if !currencies[p.Currency] {
-		return NewPayment{}, &requestError{http.StatusBadRequest, "unsupported_currency", "currency",
-			fmt.Sprintf("currency %q is not supported: use INR (ISO 4217, upper case)", p.Currency)}
+		return NewPayment{}, httpjson.Invalid("unsupported_currency", "currency",
+			"currency %q is not supported: use INR (ISO 4217, upper case)", p.Currency)
 	}
 	if !methods[p.Method] {
 		return NewPayment{}, invalid("method", "method %q is not one of upi, card, netbanking, wallet", p.Method)
@@ -106,108 +90,5 @@ type refundRequest struct{}
 
 func parseRefund(w http.ResponseWriter, r *http.Request) (refundRequest, *requestError) {
 	var req refundRequest
-	return req, decodeBody(w, r, &req, true)
-}
-
-// decodeBody decodes a JSON object of at most MaxBodyBytes into dst (a
-// pointer to a struct), strictly: field names must match exactly (Go's
-// decoder alone would accept "USER_ID"), unknown fields, wrong types and
-// trailing data are errors.
-func decodeBody(w http.ResponseWriter, r *http.Request, dst any, allowEmpty bool) *requestError {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return &requestError{http.StatusRequestEntityTooLarge, "body_too_large", "body",
-				fmt.Sprintf("the request body exceeds %d bytes", MaxBodyBytes)}
-		}
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return &requestError{http.StatusRequestTimeout, "request_timeout", "body", "the request body did not arrive in time"}
-		}
-		return &requestError{http.StatusBadRequest, "malformed_json", "body", "could not read the request body"}
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		if allowEmpty {
-			return nil
-		}
-		return &requestError{http.StatusBadRequest, "malformed_json", "body", "the request body must be a JSON object"}
-	}
-	// First as a generic object: the shape, and exact field names.
-	var fields map[string]json.RawMessage
-	if err := strictDecode(body, &fields); err != nil {
-		return jsonError(err)
-	}
-	if fields == nil {
-		return &requestError{http.StatusBadRequest, "malformed_json", "body", "the request body must be a JSON object, not null"}
-	}
-	if name, dup := events.DuplicateField(body); dup {
-		// encoding/json keeps the last value silently; a client (or a proxy
-		// in the middle) may have meant the first.
-		return &requestError{http.StatusBadRequest, "duplicate_field", name, fmt.Sprintf("field %q appears more than once", name)}
-	}
-	known := jsonFields(dst)
-	for name := range fields {
-		if !known[name] {
-			return &requestError{http.StatusBadRequest, "unknown_field", name, fmt.Sprintf("unknown field %q", name)}
-		}
-	}
-	if err := strictDecode(body, dst); err != nil {
-		return jsonError(err)
-	}
-	return nil
-}
-
-func strictDecode(body []byte, dst any) error {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(dst); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errTrailing
-	}
-	return nil
-}
-
-var errTrailing = errors.New("trailing data after the JSON object")
-
-func jsonError(err error) *requestError {
-	var typeErr *json.UnmarshalTypeError
-	if errors.As(err, &typeErr) {
-		if typeErr.Field == "" {
-			return &requestError{http.StatusBadRequest, "malformed_json", "body", "the request body must be a JSON object"}
-		}
-		want := typeErr.Type.Kind().String()
-		switch typeErr.Type.Kind() {
-		case reflect.Int64:
-			want = "an integer"
-		case reflect.String:
-			want = "a string"
-		}
-		return &requestError{http.StatusBadRequest, "invalid_type", typeErr.Field,
-			fmt.Sprintf("%s must be %s, got %s", typeErr.Field, want, typeErr.Value)}
-	}
-	var syntaxErr *json.SyntaxError
-	if errors.As(err, &syntaxErr) {
-		return &requestError{http.StatusBadRequest, "malformed_json", "body",
-			fmt.Sprintf("malformed JSON at byte %d: %v", syntaxErr.Offset, err)}
-	}
-	return &requestError{http.StatusBadRequest, "malformed_json", "body", "malformed JSON: " + err.Error()}
-}
-
-// jsonFields lists the JSON names of a struct's fields.
-func jsonFields(v any) map[string]bool {
-	t := reflect.TypeOf(v)
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	names := map[string]bool{}
-	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-		if name != "" && name != "-" {
-			names[name] = true
-		}
-	}
-	return names
+	return req, httpjson.DecodeOptional(w, r, &req)
 }

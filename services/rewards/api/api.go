@@ -4,7 +4,6 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +14,8 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/httpjson"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/rewards/cashback"
 )
@@ -47,12 +48,17 @@ func New(pool *pgxpool.Pool, log *slog.Logger, access service.Access, rules cash
 // client's key (401) and that client's rate limit:
 //
 //	GET  /v1/wallets/{user_id}  (read) balance_paise and one page of credits, newest
-//	                            first: ?limit=1..1000 (100), ?before=<next_before>
+//	                            first: ?limit=1..1000 (100), ?before=<next_before>;
+//	                            a user_id outside events.ValidID is 404 wallet_not_found,
+//	                            answered without a query (a valid one without credits
+//	                            has a balance of 0)
 //	GET  /v1/cashback-rates     (read) the rate history, with who scheduled each
 //	POST /v1/cashback-rates     (admin) {"rate_bp":300,"effective_from":"RFC 3339"}:
 //	                            schedules a rate; effective_from defaults to now +
 //	                            the minimum lead; 422 if it is sooner (no
-//	                            retroactive rates) or rate_bp is above the ceiling
+//	                            retroactive rates) or rate_bp is above the ceiling;
+//	                            the body is read by httpjson.Decode (400 naming the
+//	                            field, 413 over 64 KiB), and a refused one writes nothing
 //
 // A key without the route's role is 403. A rate change is logged as one
 // audit line: the client, the rate it replaces and the new one.
@@ -66,6 +72,15 @@ func (s *Server) Routes(r chi.Router) {
 }
 
 func (s *Server) wallet(w http.ResponseWriter, r *http.Request) {
+	userID := chi.URLParam(r, "user_id")
+	if !events.ValidID(userID) {
+		// No payment can carry such a user id (payments refuses it, and
+		// so does every consumer), so no wallet has it: answered without
+		// a query, and without repeating it.
+		service.WriteError(w, http.StatusNotFound, "wallet_not_found", "user_id",
+			fmt.Sprintf("no wallet for this user_id: user ids are 1 to %d of A-Z a-z 0-9 _ . : @ -", events.MaxIDLength))
+		return
+	}
 	var page cashback.Page
 	q := r.URL.Query()
 	if v := q.Get("limit"); v != "" {
@@ -84,7 +99,7 @@ func (s *Server) wallet(w http.ResponseWriter, r *http.Request) {
 		}
 		page.Before = n
 	}
-	wallet, _, err := cashback.LoadWallet(r.Context(), s.pool, chi.URLParam(r, "user_id"), page)
+	wallet, _, err := cashback.LoadWallet(r.Context(), s.pool, userID, page)
 	if err != nil {
 		service.InternalError(w, r, s.log, "load wallet", err)
 		return
@@ -106,10 +121,8 @@ func (s *Server) addRate(w http.ResponseWriter, r *http.Request) {
 		RateBP        *int      `json:"rate_bp"`
 		EffectiveFrom time.Time `json:"effective_from"`
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil {
-		service.WriteError(w, http.StatusBadRequest, "bad_request", "body", "the body must be one JSON object {\"rate_bp\":int, \"effective_from\":RFC 3339}")
+	if bad := httpjson.Decode(w, r, &body); bad != nil {
+		bad.Write(w)
 		return
 	}
 	if body.RateBP == nil || *body.RateBP < 0 {

@@ -190,3 +190,36 @@ func TestRewardsRefusesToStartWithoutKeysForEveryRole(t *testing.T) {
 		}
 	}
 }
+
+// A rate change is read strictly, as every body of these APIs: the same
+// field twice, data after the object, a field name in another case, a
+// wrong type and a body over 64 KiB are refused, naming the problem in the
+// API's own words, and no rate is written.
+func TestARateChangeBodyIsReadStrictlyAndARefusedOneWritesNoRate(t *testing.T) {
+	s := start(t, options{noWorkers: true})
+	cases := []struct {
+		name, body string
+		status     int
+		code       string
+		message    string
+	}{
+		{"the same field twice", `{"rate_bp":900,"rate_bp":300}`, 400, "duplicate_field", `field "rate_bp" given twice`},
+		{"data after the object", `{"rate_bp":300} {"rate_bp":900}`, 400, "malformed_json", "data after the JSON object"},
+		{"a field name in another case", `{"RATE_BP":300}`, 400, "unknown_field", `unknown field "RATE_BP"`},
+		{"a string for the rate", `{"rate_bp":"300"}`, 400, "invalid_type", `field "rate_bp" must be an integer, not a string`},
+		{"a time that is not one", `{"rate_bp":300,"effective_from":"soon"}`, 400, "invalid_type", `field "effective_from" must be an RFC 3339 time`},
+		{"not JSON", `rate=300`, 400, "malformed_json", "body is not valid JSON (at byte 1)"},
+		{"70 KB", `{"rate_bp":300,"pad":"` + strings.Repeat("x", 70<<10) + `"}`, 413, "body_too_large", "body over 64 KiB"},
+	}
+	for _, c := range cases {
+		code, body := s.do(http.MethodPost, "/v1/cashback-rates", adminKey, c.body)
+		var b service.ErrorBody
+		_ = json.Unmarshal([]byte(body), &b)
+		if code != c.status || b.Error.Code != c.code || b.Error.Message != c.message {
+			t.Errorf("%s: %d %s, want %d %s %q", c.name, code, body, c.status, c.code, c.message)
+		}
+	}
+	if n := s.count(`SELECT count(*) FROM cashback_rates`); n != 1 {
+		t.Errorf("%d rates after refused changes, want only the seeded one", n)
+	}
+}

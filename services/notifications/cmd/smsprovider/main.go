@@ -10,7 +10,8 @@
 // not loopback unless SMS_PROVIDER_ALLOW_REMOTE=true (as in a container,
 // where the notifications service calls it over the network).
 // SMS_PROVIDER_API_KEYS ("name[/read+admin+send]:key,...", an entry
-// without roles may read) guards every route but /healthz: the sender's
+// without roles may read) guards every route but /healthz, /readyz and
+// /metrics (OTEL_* variables as on the services): the sender's
 // /v1/messages (send; the notifications service's SMS_PROVIDER_API_KEY),
 // its deliveries (read) and fault injection (admin); some client must hold
 // each of the three.
@@ -19,7 +20,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/notifications/smsprovider"
@@ -41,19 +44,30 @@ func main() {
 		service.Fatal(log, "bad configuration", err)
 	}
 	service.LogConfig(log, cfg)
-	addr, h, err := build(cfg)
+	tel, err := service.SetupTelemetry("smsprovider")
+	if err != nil {
+		service.Fatal(log, "telemetry", err)
+	}
+	addr, h, err := build(cfg, log, tel.Metrics)
 	if err != nil {
 		service.Fatal(log, "bad configuration", err)
 	}
 	log.Warn("TEST DOUBLE: development SMS provider; it sends nothing to any phone and keeps messages in memory. Never use it in production",
 		"addr", addr)
-	if err := service.Run(context.Background(), log, cfg.ShutdownTimeout, service.HTTPTask(addr, h, log, cfg.HTTP())); err != nil {
+	err = service.Run(context.Background(), log, cfg.ShutdownTimeout, service.HTTPTask(addr, h, log, cfg.HTTP()))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if serr := tel.Shutdown(ctx); serr != nil {
+		log.Warn("telemetry shutdown", "error", serr)
+	}
+	cancel()
+	if err != nil {
 		service.Fatal(log, "stopped", err)
 	}
 }
 
-// build checks cfg and returns the address to listen on and the handler.
-func build(cfg config) (string, http.Handler, error) {
+// build checks cfg and returns the address to listen on and the handler,
+// which logs to log and serves metrics on /metrics.
+func build(cfg config, log *slog.Logger, metrics http.Handler) (string, http.Handler, error) {
 	addr, err := service.ListenAddr(cfg.ListenAddr, cfg.Port)
 	if err != nil {
 		return "", nil, err
@@ -66,7 +80,7 @@ func build(cfg config) (string, http.Handler, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	h, err := smsprovider.New().Handler(access)
+	h, err := smsprovider.New().Handler(log, metrics, access)
 	if err != nil {
 		return "", nil, err
 	}

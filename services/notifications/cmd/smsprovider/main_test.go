@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func TestTheTestDoubleBindsLoopbackAndRefusesARemoteAddressUnlessAllowed(t *test
 		// No client may send: the notifications service would get 403 on every SMS.
 		{config{Port: "8090", Access: noSender}, "", "role send"},
 	} {
-		addr, _, err := build(c.cfg)
+		addr, _, err := build(c.cfg, slog.New(slog.DiscardHandler), nil)
 		switch {
 		case c.errorHas == "" && (err != nil || addr != c.addr):
 			t.Errorf("%+v: %q, %v; want %s", c.cfg, addr, err, c.addr)

@@ -1,0 +1,321 @@
+// Package httpjson reads the JSON body of an HTTP request strictly, and
+// refuses what it will not take with an answer a client can act on: one
+// of the error bodies of pkg/errs, naming the offending field, in words of
+// its own. No refusal carries encoding/json's text (Go type or struct
+// names, decoder internals): only the client's own field names and byte
+// offsets.
+//
+// What Decode refuses, and with what:
+//
+//	a body over MaxBytes                      413 body_too_large   "body over 64 KiB"
+//	a body that did not arrive in time        408 request_timeout
+//	an empty body (unless DecodeOptional)     400 malformed_json   "body is empty: send a JSON object"
+//	nesting deeper than MaxDepth              400 malformed_json   "body nests too deep"
+//	bad syntax                                400 malformed_json   "body is not valid JSON (at byte N)"
+//	a body cut short                          400 malformed_json   "body ends early"
+//	anything but one object (null, [], "x")   400 malformed_json
+//	data after the object                     400 malformed_json   "data after the JSON object"
+//	a field given twice                       400 duplicate_field  `field "x" given twice`
+//	a field dst lacks, or in another case     400 unknown_field    `unknown field "x"`
+//	a value of the wrong type                 400 invalid_type     `field "x" must be an integer, not a string`
+//
+// A number that does not fit the field (beyond int64, a fraction or an
+// exponent for an integer) is a wrong type. Strings that are not UTF-8
+// decode with U+FFFD in place of the bad bytes, as encoding/json does: a
+// field that must not hold them is checked by the caller's own allowlist
+// (events.ValidID for ids).
+//
+// The package uses the standard library, pkg/errs and pkg/events (for the
+// one-pass duplicate-field scan) only.
+package httpjson
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/effectively-once/payments-cashback/pkg/errs"
+	"github.com/effectively-once/payments-cashback/pkg/events"
+)
+
+// MaxBytes is the largest body Decode reads; a longer one is 413.
+const MaxBytes = 64 << 10
+
+// MaxDepth is the deepest nesting of objects and arrays Decode accepts:
+// far more than any request body of these APIs holds, far less than what
+// makes a decoder work hard.
+const MaxDepth = 32
+
+// Error is a refused body: the status, code, field and message of the
+// answer (errs.Body). Nothing of the request was acted on.
+type Error struct {
+	Status  int
+	Code    string
+	Field   string
+	Message string
+}
+
+// Error returns the message.
+func (e *Error) Error() string { return e.Message }
+
+// Write answers the request with e as an errs.Body.
+func (e *Error) Write(w http.ResponseWriter) { errs.Write(w, e.Status, e.Code, e.Field, e.Message) }
+
+// Invalid is a 400 with code, naming field, whose message is the formatted
+// text: for the checks a caller makes after Decode.
+func Invalid(code, field, format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Code: code, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// Decode reads r's body, at most MaxBytes, and decodes the one JSON object
+// it must hold into dst, a pointer to a struct of named fields, strictly:
+// each field of the object must be one of dst's, by its exact JSON name,
+// at most once, of the field's type; nothing may follow the object. On
+// error dst may have been partly filled and must not be used; the answer
+// to write is the returned Error.
+func Decode(w http.ResponseWriter, r *http.Request, dst any) *Error {
+	return decode(w, r, dst, false)
+}
+
+// DecodeOptional is Decode for a body that may also be empty (or only
+// white space), which leaves dst as it is.
+func DecodeOptional(w http.ResponseWriter, r *http.Request, dst any) *Error {
+	return decode(w, r, dst, true)
+}
+
+func decode(w http.ResponseWriter, r *http.Request, dst any, allowEmpty bool) *Error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return &Error{http.StatusRequestEntityTooLarge, "body_too_large", "body", fmt.Sprintf("body over %d KiB", MaxBytes>>10)}
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return &Error{http.StatusRequestTimeout, "request_timeout", "body", "the request body did not arrive in time"}
+		}
+		return malformed("the request body could not be read")
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		if allowEmpty {
+			return nil
+		}
+		return malformed("body is empty: send a JSON object")
+	}
+	return Unmarshal(body, dst)
+}
+
+// Unmarshal is Decode's check and decoding of a body already read.
+func Unmarshal(body []byte, dst any) *Error {
+	fields, bad := object(body)
+	if bad != nil {
+		return bad
+	}
+	if name, dup := events.DuplicateField(body); dup {
+		// encoding/json keeps the last value silently; a client (or a proxy
+		// in the middle) may have meant the first.
+		return &Error{http.StatusBadRequest, "duplicate_field", name, fmt.Sprintf("field %q given twice", name)}
+	}
+	v := reflect.ValueOf(dst)
+	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+		panic("httpjson: dst must be a pointer to a struct")
+	}
+	v = v.Elem()
+	known := jsonFields(v.Type())
+	for name := range fields {
+		if _, ok := known[name]; !ok {
+			return &Error{http.StatusBadRequest, "unknown_field", name, fmt.Sprintf("unknown field %q", name)}
+		}
+	}
+	// Field by field, in the struct's order: every error names its field,
+	// whatever the field's type does when it decodes (time.Time, say,
+	// returns a parse error that names none).
+	for i := range v.NumField() {
+		name := fieldName(v.Type().Field(i))
+		raw, ok := fields[name]
+		if name == "" || !ok {
+			continue
+		}
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		f := v.Field(i)
+		if err := dec.Decode(f.Addr().Interface()); err != nil {
+			return typeError(name, f.Type(), err)
+		}
+	}
+	return nil
+}
+
+// object checks that body is one JSON object, not nested beyond MaxDepth,
+// and returns its fields.
+func object(body []byte) (map[string]json.RawMessage, *Error) {
+	if tooDeep(body) {
+		return nil, malformed("body nests too deep")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	var fields map[string]json.RawMessage
+	if err := dec.Decode(&fields); err != nil {
+		var syntax *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &syntax):
+			return nil, malformed(fmt.Sprintf("body is not valid JSON (at byte %d)", syntax.Offset))
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return nil, malformed("body ends early")
+		case errors.As(err, &typ):
+			return nil, malformed("body must be a JSON object")
+		default:
+			return nil, malformed("body is not valid JSON")
+		}
+	}
+	if fields == nil {
+		return nil, malformed("body must be a JSON object, not null")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, malformed("data after the JSON object")
+	}
+	return fields, nil
+}
+
+func malformed(message string) *Error {
+	return &Error{http.StatusBadRequest, "malformed_json", "body", message}
+}
+
+// tooDeep reports whether objects and arrays in body nest deeper than
+// MaxDepth; brackets inside strings do not count. It does not check the
+// syntax (the decoder does).
+func tooDeep(body []byte) bool {
+	depth, inString := 0, false
+	for i := 0; i < len(body); i++ {
+		c := body[i]
+		switch {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			if depth++; depth > MaxDepth {
+				return true
+			}
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return false
+}
+
+// typeError is the answer to field's value not decoding into a t. Only
+// the JSON kind of the value is named, never the value itself.
+func typeError(field string, t reflect.Type, err error) *Error {
+	msg := ""
+	var typ *json.UnmarshalTypeError
+	if errors.As(err, &typ) {
+		if typ.Field != "" { // inside an object: the path below field
+			field += "." + typ.Field
+		}
+		t = typ.Type
+		word, literal, _ := strings.Cut(typ.Value, " ")
+		switch {
+		case word == "number" && literal != "":
+			// A number that does not fit: beyond the type's range, a
+			// fraction or an exponent for an integer.
+			msg = fmt.Sprintf("field %q must be %s: a number in range, %s", field, kindOfType(t), wholeOrNot(t))
+		case kindOfValue(word) != "":
+			msg = fmt.Sprintf("field %q must be %s, not %s", field, kindOfType(t), kindOfValue(word))
+		}
+	}
+	if msg == "" {
+		msg = fmt.Sprintf("field %q must be %s", field, kindOfType(t))
+	}
+	return &Error{http.StatusBadRequest, "invalid_type", field, msg}
+}
+
+func wholeOrNot(t reflect.Type) string {
+	if strings.HasSuffix(kindOfType(t), "integer") {
+		return "written without a fraction or an exponent"
+	}
+	return "as JSON writes it"
+}
+
+var timeType = reflect.TypeFor[time.Time]()
+
+// kindOfType says, in a client's words, what a value of t is in JSON.
+func kindOfType(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == timeType {
+		return "an RFC 3339 time"
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "an integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a non-negative integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	default:
+		return "a value of another kind"
+	}
+}
+
+// kindOfValue says what encoding/json saw ("number", "string", "bool",
+// "object", "array"), in a client's words.
+func kindOfValue(word string) string {
+	switch word {
+	case "number":
+		return "a number"
+	case "string":
+		return "a string"
+	case "bool":
+		return "true or false"
+	case "object":
+		return "an object"
+	case "array":
+		return "an array"
+	}
+	return ""
+}
+
+// jsonFields lists the JSON names of a struct's fields.
+func jsonFields(t reflect.Type) map[string]struct{} {
+	names := map[string]struct{}{}
+	for i := range t.NumField() {
+		if name := fieldName(t.Field(i)); name != "" {
+			names[name] = struct{}{}
+		}
+	}
+	return names
+}
+
+// fieldName is f's JSON name: its tag's, else its Go name; "" for a field
+// encoding/json skips (unexported, or tagged "-").
+func fieldName(f reflect.StructField) string {
+	if !f.IsExported() {
+		return ""
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	switch name {
+	case "-":
+		return ""
+	case "":
+		return f.Name
+	}
+	return name
+}
