@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -116,15 +117,32 @@ func Rupees(paise int64) string {
 	return fmt.Sprintf("%s₹%s.%02d", sign, whole, abs%100)
 }
 
-// Record stores the SMS intent of e in tx, once: a second call for the
-// same event inserts nothing (UNIQUE (event_id, channel), behind the
-// inbox's own dedupe) and reports recorded = false.
+// Record stores the SMS intent of e in tx, once, and only while e is the
+// newest version of its payment (rule 5): it reports recorded = false and
+// inserts nothing for a second call for the same event (UNIQUE (event_id,
+// channel), behind the inbox's own dedupe), nor for an event whose payment
+// has already been notified at its version or a later one, such as a
+// CashbackCredited that arrives after its CashbackReversed was applied
+// (the inbox applies such a late row; telling the customer "it is in your
+// wallet" then would be false). The version is recorded in tx, so a
+// rolled-back intent leaves no trace of it.
 func Record(ctx context.Context, tx pgx.Tx, e events.Envelope) (recorded bool, err error) {
 	in, err := Build(e)
 	if err != nil {
 		return false, err
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO notifications (event_id, event_type, channel, kind, recipient, body, idempotency_key, traceparent)
+	tag, err := tx.Exec(ctx, `INSERT INTO notification_versions (aggregate_id, version, event_id) VALUES ($1, $2, $3)
+		ON CONFLICT (aggregate_id) DO UPDATE SET version = EXCLUDED.version, event_id = EXCLUDED.event_id, updated_at = now()
+		WHERE notification_versions.version < EXCLUDED.version`, e.AggregateID, e.AggregateVersion, e.EventID)
+	if err != nil {
+		return false, fmt.Errorf("record the notified version: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		slog.InfoContext(ctx, "no SMS: its payment was already notified at this version or a later one",
+			"event_id", e.EventID, "event_type", e.EventType, "payment_id", e.AggregateID, "version", e.AggregateVersion)
+		return false, nil
+	}
+	tag, err = tx.Exec(ctx, `INSERT INTO notifications (event_id, event_type, channel, kind, recipient, body, idempotency_key, traceparent)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (event_id, channel) DO NOTHING`,
 		in.EventID, in.EventType, Channel, in.Kind, in.Recipient, in.Body, Key(in.EventID), traceparent(ctx))
 	if err != nil {

@@ -2,6 +2,7 @@ package sender_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -34,6 +35,7 @@ type env struct {
 	provider *smsprovider.Server
 	client   *sms.HTTPProvider
 	url      string
+	payments int // intents recorded, each for a payment of its own
 }
 
 func setup(t *testing.T) *env {
@@ -64,11 +66,14 @@ func (e *env) sender(p sms.Provider, cfg sender.Config) *sender.Sender {
 	return s
 }
 
-// intent records the SMS intent of a fresh CashbackCredited and returns it.
+// intent records the SMS intent of a fresh CashbackCredited, of a payment
+// of its own, and returns it.
 func (e *env) intent() events.Envelope {
 	e.t.Helper()
-	ev, err := events.New(contract.CashbackCredited, "pay_42", 1, map[string]any{
-		"payment_id": "pay_42", "user_id": "u_17", "amount_paise": 2400, "rate_bp": 200, "recipient": "+919800000017"})
+	e.payments++
+	pay := fmt.Sprintf("pay_%d", e.payments)
+	ev, err := events.New(contract.CashbackCredited, pay, 1, map[string]any{
+		"payment_id": pay, "user_id": "u_17", "amount_paise": 2400, "rate_bp": 200, "recipient": "+919800000017"})
 	if err != nil {
 		e.t.Fatal(err)
 	}
