@@ -57,7 +57,8 @@ type RelayConfig struct {
 	// batch's transaction, and the transaction runs with
 	// idle_in_transaction_session_timeout = Lease: a relay that dies
 	// releases its rows at once (its session ends), one that hangs or is
-	// cut off from the server after Lease.
+	// cut off from the server after Lease. A Lease above MaxLease is
+	// clamped to it.
 	Lease time.Duration
 	// PublishTimeout bounds one batch's publish [Lease/2]; it must be less
 	// than Lease. A message still unsent when it runs out counts as failed
@@ -113,6 +114,7 @@ func (c *RelayConfig) defaults() {
 	}
 	def(&c.PollInterval, 500*time.Millisecond)
 	def(&c.Lease, 30*time.Second)
+	c.Lease = min(c.Lease, MaxLease)
 	def(&c.PublishTimeout, c.Lease/2)
 	def(&c.MarkTimeout, 5*time.Second)
 	def(&c.RetryBase, retry.BaseDefault)
@@ -124,6 +126,13 @@ func (c *RelayConfig) defaults() {
 		c.Logger = slog.Default()
 	}
 }
+
+// MaxLease is the longest RelayConfig.Lease. The lease is the claim's
+// idle_in_transaction_session_timeout, an int4 of milliseconds in
+// PostgreSQL (about 24.8 days at most): past that every claim fails. A
+// day is far above any useful lease (a batch's publish takes milliseconds)
+// and well inside the setting's range.
+const MaxLease = 24 * time.Hour
 
 // Relay publishes committed outbox rows. Any number of relays, in one
 // process or many, may run against the same table. Each batch is one short
