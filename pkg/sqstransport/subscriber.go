@@ -94,7 +94,9 @@ type SubscriberConfig struct {
 	ShutdownGrace time.Duration
 	// MaxPanics: a handler panic fails its message like an error, and a
 	// message whose handler panics on its MaxPanics-th receive or later is
-	// parked with reason "panic" [3]. Keep it below the queue's
+	// parked with reason "panic" [3]. A handler error that is or wraps a
+	// recovered panic (errs.IsPanic: idempotent.Consumer returns one for a
+	// panicking Effect) counts as the handler's panic. Keep it below the queue's
 	// maxReceiveCount, or SQS's redrive parks it first, with no reason.
 	MaxPanics int
 	// Gate, when set, tells an outage of the handler's dependency (its
@@ -413,15 +415,18 @@ func (s *Subscriber) settle(ctx context.Context, span trace.Span, m types.Messag
 }
 
 // call runs the handler and turns a panic into an error (panicked set),
-// logged with its stack: one bad message must not stop the subscriber.
+// logged with its stack: one bad message must not stop the subscriber. An
+// error that is a panic recovered below the handler (errs.IsPanic) sets
+// panicked too, so it counts towards MaxPanics alike.
 func (s *Subscriber) call(ctx context.Context, d Delivery, log *slog.Logger) (panicked bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			panicked, err = true, fmt.Errorf("%v", v)
+			panicked, err = true, &errs.PanicError{Value: v}
 			log.Error("handler panicked: the message fails like a handler error", "panic", err, "stack", string(debug.Stack()))
 		}
 	}()
-	return false, s.handler(ctx, d)
+	err = s.handler(ctx, d)
+	return errs.IsPanic(err), err
 }
 
 // handle runs the handler (within HandlerTimeout, panics recovered) and,

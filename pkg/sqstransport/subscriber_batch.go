@@ -13,6 +13,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectively-once/payments-cashback/pkg/errs"
 )
 
 // BatchHandler processes the decodable messages of one receive together
@@ -73,17 +75,17 @@ func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
 	t0 := time.Now()
 	// One deadline for the receive, as for a single message: the batch's
 	// transaction must end before the messages' visibility does.
-	panicked, timedOut, errs := s.handleBatch(ctx, ds)
+	panicked, timedOut, results := s.handleBatch(ctx, ds)
 	stopHeartbeat()
 	took := time.Since(t0) / time.Duration(len(ds))
 	for i, it := range items {
 		var err error
-		if i < len(errs) {
-			err = errs[i]
+		if i < len(results) {
+			err = results[i]
 		} else {
-			err = fmt.Errorf("sqstransport: batch handler returned %d results for %d messages", len(errs), len(ds))
+			err = fmt.Errorf("sqstransport: batch handler returned %d results for %d messages", len(results), len(ds))
 		}
-		s.settle(ds[i].Ctx, it.span, it.m, ds[i], verdict{err: err, timedOut: timedOut && err != nil, panicked: panicked}, took, it.log)
+		s.settle(ds[i].Ctx, it.span, it.m, ds[i], verdict{err: err, timedOut: timedOut && err != nil, panicked: panicked || errs.IsPanic(err)}, took, it.log)
 		it.span.End()
 	}
 }
@@ -94,40 +96,40 @@ func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
 // handed over again once the gate reopens, so an outage costs no message
 // a delivery. It gives up, returning the last attempt's results, when the
 // drain starts or MaxExtension has passed.
-func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (panicked, timedOut bool, errs []error) {
+func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (panicked, timedOut bool, results []error) {
 	deadline := time.Now().Add(s.cfg.MaxExtension)
 	for {
 		hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
-		panicked, errs = s.callBatch(hctx, ds)
+		panicked, results = s.callBatch(hctx, ds)
 		timedOut = errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 		cancel()
 		var suspect error
-		for _, err := range errs {
-			if err != nil && !IsPermanent(err) {
+		for _, err := range results {
+			if err != nil && !IsPermanent(err) && !errs.IsPanic(err) {
 				suspect = err
 				break
 			}
 		}
 		if suspect == nil || panicked || !s.cfg.Gate.Suspect(ctx, suspect) {
-			return panicked, timedOut, errs
+			return panicked, timedOut, results
 		}
 		s.log.Warn("dependency unavailable: holding the receive until it answers", "error", suspect, "messages", len(ds))
 		if s.waitGate(ctx, deadline) != nil {
-			return panicked, timedOut, errs
+			return panicked, timedOut, results
 		}
 	}
 }
 
 // callBatch runs the batch handler and turns a panic into the same error
 // for every delivery (panicked set), logged with its stack.
-func (s *Subscriber) callBatch(ctx context.Context, ds []Delivery) (panicked bool, errs []error) {
+func (s *Subscriber) callBatch(ctx context.Context, ds []Delivery) (panicked bool, results []error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err := fmt.Errorf("%v", v)
 			s.log.Error("batch handler panicked: its messages fail like a handler error", "panic", err, "messages", len(ds), "stack", string(debug.Stack()))
-			panicked, errs = true, make([]error, len(ds))
-			for i := range errs {
-				errs[i] = err
+			panicked, results = true, make([]error, len(ds))
+			for i := range results {
+				results[i] = err
 			}
 		}
 	}()
