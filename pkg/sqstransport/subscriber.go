@@ -207,7 +207,9 @@ func queueName(url string) string { return url[strings.LastIndex(url, "/")+1:] }
 
 // Run consumes until ctx is cancelled, then drains: no new receives,
 // in-flight handlers finish within ShutdownGrace and their messages are
-// deleted. It returns nil after a clean drain.
+// deleted. A handler still running when the grace ends has its context
+// cancelled; if it returns nil all the same (its commit won the race), its
+// message is still deleted. It returns nil after a clean drain.
 func (s *Subscriber) Run(ctx context.Context) error {
 	if s.cfg.DLQURL == "" {
 		dlq, err := s.discoverDLQ(ctx)
@@ -225,7 +227,10 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	defer stopWork()
 	s.deletes = make(chan string, 4*s.cfg.Concurrency)
 	deleterDone := make(chan struct{})
-	go func() { defer close(deleterDone); s.deleter(work) }()
+	// The deleter is not on work: a handler that commits as the grace runs
+	// out settles after stopWork, and its delete must still be sent, or the
+	// message comes back once more. Each call has its own deadline instead.
+	go func() { defer close(deleterDone); s.deleter(context.WithoutCancel(ctx)) }()
 
 	s.stopping = ctx
 	slots := worker.NewSlots(s.cfg.Concurrency)
@@ -557,9 +562,15 @@ func attributesSize(attrs map[string]types.MessageAttributeValue) int {
 	return n
 }
 
+// deleteTimeout bounds one DeleteMessageBatch call (the SDK's retries
+// included), so the drain's last deletes are sent but cannot hold Run.
+const deleteTimeout = 5 * time.Second
+
 // deleter batches deletes: up to 10 receipts per DeleteMessageBatch, sent
 // as soon as 10 are queued or 5 ms after the first, so completions cost a
-// fraction of a round trip each.
+// fraction of a round trip each. It runs until s.deletes is closed, after
+// the last handler has settled: ctx is never cancelled, each call has
+// deleteTimeout.
 func (s *Subscriber) deleter(ctx context.Context) {
 	batch := make([]string, 0, 10)
 	flush := func() {
@@ -570,7 +581,9 @@ func (s *Subscriber) deleter(ctx context.Context) {
 		for i, r := range batch {
 			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r)}
 		}
-		out, err := s.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &s.cfg.QueueURL, Entries: entries})
+		dctx, cancel := context.WithTimeout(ctx, deleteTimeout)
+		out, err := s.client.DeleteMessageBatch(dctx, &sqs.DeleteMessageBatchInput{QueueUrl: &s.cfg.QueueURL, Entries: entries})
+		cancel()
 		switch {
 		case err != nil:
 			s.log.Error("delete batch failed: those messages will be redelivered and deduplicated", "error", err, "count", len(batch))
