@@ -1,12 +1,14 @@
 // Package errs is the leaf every layer of the library shares, built on the
-// standard library alone: the marker for errors that no retry can fix, and
-// the JSON body of every HTTP error response. Copying any package of pkg/
+// standard library alone: the marker for errors that no retry can fix, the
+// error a recovered panic is passed on as, and the JSON body of every HTTP
+// error response. Copying any package of pkg/
 // brings this one with it and nothing else.
 package errs
 
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 )
 
@@ -32,6 +34,32 @@ func (p permanent) Permanent() bool { return true }
 func IsPermanent(err error) bool {
 	var p interface{ Permanent() bool }
 	return errors.As(err, &p) && p.Permanent()
+}
+
+// PanicError is a recovered panic passed on as an error: a library that
+// recovers a panic in the caller's code (an idempotent Effect) returns one,
+// so that the caller, and a transport above it, can tell it from an
+// ordinary failure. Value is what was panicked with. A subscriber counts a
+// message whose handler returns one (or wraps one) as panicking, towards
+// its MaxPanics, just as if the panic had reached it. It is not permanent:
+// a panic may be a bug that a redelivery, on a fixed replica, gets past.
+type PanicError struct{ Value any }
+
+func (p *PanicError) Error() string  { return fmt.Sprint(p.Value) }
+func (p *PanicError) Panicked() bool { return true }
+
+// Unwrap is the panic's value when it is an error (a runtime.Error, say).
+func (p *PanicError) Unwrap() error {
+	err, _ := p.Value.(error)
+	return err
+}
+
+// IsPanic reports whether err, or an error it wraps, has a Panicked() bool
+// method that returns true: a *PanicError, or any other type that opts in
+// the same way.
+func IsPanic(err error) bool {
+	var p interface{ Panicked() bool }
+	return errors.As(err, &p) && p.Panicked()
 }
 
 // Body is the JSON shape of every error response: a machine-readable code,

@@ -322,7 +322,10 @@ func wireError(err error) error {
 }
 
 // Validate checks the invariants Decode enforces; producers call it (New
-// does) so that nothing undecodable is ever written to an outbox.
+// does) so that nothing undecodable is ever written to an outbox. It also
+// refuses an occurred_at whose year, as written or in UTC, is outside
+// 0..9999: JSON (time.Time.MarshalJSON) cannot carry it, so the envelope
+// could be stored but never sent.
 func (e Envelope) Validate() error {
 	switch {
 	case e.EventID == uuid.Nil:
@@ -337,6 +340,10 @@ func (e Envelope) Validate() error {
 		return &DecodeError{"aggregate_version", "negative"}
 	case e.OccurredAt.IsZero():
 		return &DecodeError{"occurred_at", "missing"}
+	case !encodableYear(e.OccurredAt.Year()) || !encodableYear(e.OccurredAt.UTC().Year()):
+		// json refuses it (time.Time.MarshalJSON), as written or in UTC,
+		// where the relay encodes a stored row: a row no relay could send.
+		return &DecodeError{"occurred_at", fmt.Sprintf("year of %s outside 0..9999, which JSON cannot carry", e.OccurredAt.Format(time.RFC3339Nano))}
 	}
 	p := bytes.TrimSpace(e.Payload)
 	if len(p) == 0 || p[0] != '{' || !json.Valid(p) {
@@ -344,6 +351,10 @@ func (e Envelope) Validate() error {
 	}
 	return nil
 }
+
+// encodableYear reports whether time.Time.MarshalJSON encodes a time of
+// year y (RFC 3339 has four digits for it).
+func encodableYear(y int) bool { return y >= 0 && y <= 9999 }
 
 // Marshal encodes the envelope as the wire body.
 func (e Envelope) Marshal() ([]byte, error) {

@@ -181,3 +181,48 @@ func TestDuplicateFieldStaysLinearInTheNumberOfFields(t *testing.T) {
 		t.Fatalf("DuplicateField took %v over 100,000 fields", el)
 	}
 }
+
+// Validate refuses an occurred_at the JSON envelope cannot carry (a year
+// outside 0..9999, in its own zone or in UTC, where the relay encodes it),
+// so Add never stores a row the relay cannot send; the ends of the range
+// still encode.
+func TestValidateRefusesAnOccurredAtTheEnvelopeCannotCarry(t *testing.T) {
+	e, err := New("PaymentSucceeded", "pay_42", 1, map[string]any{"amount_paise": 120000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	east := time.FixedZone("UTC+1", 3600)
+	for _, c := range []struct {
+		at time.Time
+		ok bool
+	}{
+		{time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC), true},
+		{time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC), true},
+		{time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), false},
+		{time.Date(-1, 12, 31, 0, 0, 0, 0, time.UTC), false},
+		{time.Date(10000, 1, 1, 0, 30, 0, 0, east), false},                             // 9999 in UTC, 10000 as written
+		{time.Date(0, 1, 1, 0, 30, 0, 0, east), false},                                 // year -1 in UTC
+		{time.Date(9999, 12, 31, 23, 30, 0, 0, time.FixedZone("UTC-1", -3600)), false}, // 10000 in UTC
+	} {
+		e.OccurredAt = c.at
+		err := e.Validate()
+		var de *DecodeError
+		if c.ok {
+			if err != nil {
+				t.Errorf("Validate(occurred_at %v) = %v, want nil", c.at, err)
+				continue
+			}
+			if _, err := e.Marshal(); err != nil {
+				t.Errorf("Marshal(occurred_at %v) = %v after Validate passed it", c.at, err)
+			}
+			if _, err := (Envelope{EventID: e.EventID, EventType: e.EventType, AggregateID: e.AggregateID,
+				OccurredAt: c.at.UTC(), Payload: e.Payload}).AppendJSON(nil); err != nil {
+				t.Errorf("AppendJSON(occurred_at %v in UTC) = %v after Validate passed it", c.at, err)
+			}
+			continue
+		}
+		if !errors.As(err, &de) || de.Field != "occurred_at" {
+			t.Errorf("Validate(occurred_at %v) = %v, want a *DecodeError on occurred_at", c.at, err)
+		}
+	}
+}

@@ -54,6 +54,7 @@ func (f *ItemError) Unwrap() error { return f.Err }
 // return an error: then the transaction rolls back, nothing of the batch
 // stays, and the items run one at a time through Handle with their own
 // Effect (an *ItemError names the item to fail instead of re-running it).
+// A panic in it is recovered and treated as an error that names no item.
 // Each item's context is items[i].Ctx, for a trace span or an outbox row's
 // trace context. Like an Effect, it must not commit or roll back tx.
 type BatchEffect func(ctx context.Context, tx pgx.Tx, fresh []int) error
@@ -69,8 +70,11 @@ type BatchEffect func(ctx context.Context, tx pgx.Tx, fresh []int) error
 // nothing half-applied. Then the items run one at a time through Handle,
 // each in its own transaction, except the one whose effect failed: it is
 // Failed with its effect's error (a permanent one parks it; any other
-// leaves it for redelivery), just as if it had been handled alone. So one
-// poison message costs its neighbours a retry but never their commit.
+// leaves it for redelivery), just as if it had been handled alone. An
+// effect that panics is such a failure: recovered, its item Failed with a
+// *errs.PanicError (logged with its stack), the others run on their own.
+// So one poison message costs its neighbours a retry but never their
+// commit, and HandleBatch always returns every item's outcome.
 // Serialization failures and deadlocks retry the whole batch first.
 // Outcomes and errors come back in items' order; ack exactly the items
 // whose Outcome is Done.
@@ -165,7 +169,7 @@ func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs [
 			delete(fresh, id)
 			if apply != nil {
 				toApply = append(toApply, i)
-			} else if err := items[i].Effect(items[i].ctx(ctx), tx); err != nil {
+			} else if err := c.run(items[i].ctx(ctx), items[i].Msg, func() error { return items[i].Effect(items[i].ctx(ctx), tx) }); err != nil {
 				return Failed, &ItemError{Index: i, Err: err}
 			}
 			decided[k] = Applied
@@ -186,7 +190,8 @@ func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs [
 		}
 	}
 	if len(toApply) > 0 {
-		if err := apply(ctx, tx, toApply); err != nil {
+		// A panic in apply names no item: all of them fall back.
+		if err := c.run(ctx, Message{}, func() error { return apply(ctx, tx, toApply) }); err != nil {
 			var f *ItemError
 			if errors.As(err, &f) && !slices.Contains(toApply, f.Index) {
 				// Not an item it was given: fail none, fall back for all.

@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"runtime/debug"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -48,6 +49,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/effectively-once/payments-cashback/pkg/errs"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/internal/pgid"
 	"github.com/effectively-once/payments-cashback/pkg/retry"
@@ -136,7 +138,10 @@ func (c *Consumer) expired(msg Message) bool {
 //   - Duplicate, nil: committed before with the same hash; effect not run;
 //   - Conflict, ErrConflict: committed before with another hash; not run;
 //   - Expired, ErrExpired: older than the window; not run;
-//   - Failed, err: effect or database error; everything rolled back.
+//   - Failed, err: effect or database error; everything rolled back. An
+//     Effect that panics is recovered and fails so, err a *errs.PanicError
+//     (logged with its stack; not permanent): a subscriber counts it
+//     towards MaxPanics as a panic that reached it.
 //
 // Ack the message exactly when Outcome.Done() is true.
 func (c *Consumer) Handle(ctx context.Context, msg Message, effect Effect) (Outcome, error) {
@@ -192,7 +197,7 @@ func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outc
 			}
 			return Duplicate, nil
 		}
-		if err := effect(ctx, tx); err != nil {
+		if err := c.run(ctx, msg, func() error { return effect(ctx, tx) }); err != nil {
 			return Failed, err
 		}
 		if err := tx.Commit(ctx); err != nil {
@@ -200,6 +205,25 @@ func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outc
 		}
 		return Applied, nil
 	})
+}
+
+// run calls f, an Effect (or a BatchEffect: msg is then zero), and turns
+// a panic in it into a *errs.PanicError, logged here with its stack (the
+// error cannot carry it to the transport's log): the caller's deferred
+// rollback undoes what it wrote, and the message fails like an effect error
+// instead of taking its batch, and the caller's outcomes, with it.
+func (c *Consumer) run(ctx context.Context, msg Message, f func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("idempotent: effect panicked: %w", &errs.PanicError{Value: v})
+			args := []any{"consumer", c.name, "panic", v, "stack", string(debug.Stack())}
+			if msg.EventID != uuid.Nil {
+				args = append(args, "event_id", msg.EventID)
+			}
+			c.log.ErrorContext(ctx, "effect panicked: rolled back, the message fails like an effect error", args...)
+		}
+	}()
+	return f()
 }
 
 // retry runs attempt again after serialization failures and deadlocks,
@@ -237,6 +261,9 @@ func (c *Consumer) record(ctx context.Context, msg Message, out Outcome, err err
 			c.log.ErrorContext(ctx, "event id from the future: refused, not applied, to be parked",
 				"consumer", c.name, "event_id", msg.EventID, "error", err)
 			return
+		}
+		if errs.IsPanic(err) {
+			return // logged with its stack where it was recovered
 		}
 		var p interface{ Permanent() bool }
 		if errors.As(err, &p) && p.Permanent() {

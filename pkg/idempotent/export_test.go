@@ -2,8 +2,10 @@ package idempotent
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ClaimIn runs one claim statement of p in tx instead of its own
@@ -20,4 +22,13 @@ func SetGaugeCap(n int64) (restore func()) {
 	old := gaugeCap
 	gaugeCap = n
 	return func() { gaugeCap = old }
+}
+
+// WithNow sets a Consumer's clock, for tests that skew it.
+func WithNow(now func() time.Time) Option { return func(c *Consumer) { c.now = now } }
+
+// EnsurePartitionsAt is EnsurePartitions by a clock that reads now: what
+// Migrate does on a replica whose clock is skewed.
+func EnsurePartitionsAt(ctx context.Context, pool *pgxpool.Pool, now time.Time, retention time.Duration, ahead int) ([]string, error) {
+	return ensurePartitionsAt(ctx, pool, now, retention, ahead)
 }

@@ -77,12 +77,14 @@ func (c *MaintainerConfig) defaults() {
 // Maintainer keeps the dedupe state of one database inside its retention
 // window, so that it is remembered exactly as long as a copy can come back:
 //   - it creates the daily partitions of processed_messages ahead of time;
-//   - it drops the partitions whose whole day is older than the window
-//     (DROP TABLE: instant, no dead rows; never a DELETE);
-//   - it deletes DONE inbox rows whose event id (UUIDv7) was minted before
-//     the window, in batches. A copy of such an event is refused by the same
-//     rule at receive time (ErrExpired), so forgetting the row cannot let it
-//     be applied twice. PENDING and FAILED rows are never deleted: a FAILED
+//   - it drops the partitions whose whole day is older than the window by
+//     more than ClockSkewMargin (DROP TABLE: instant, no dead rows; never a
+//     DELETE);
+//   - it deletes DONE inbox rows whose event id (UUIDv7) was minted more
+//     than ClockSkewMargin before the window, in batches. A copy of such an
+//     event is refused by the same rule at receive time (ErrExpired), on a
+//     clock that may lag this host's by anything under the margin, so
+//     forgetting the row cannot let it be applied twice. PENDING and FAILED rows are never deleted: a FAILED
 //     row waits for an operator however old it is.
 //
 // Every replica may run one: the steps are idempotent and tolerate racing.
@@ -222,11 +224,12 @@ func (m *Maintainer) partitionSet(ctx context.Context) (map[string]bool, error) 
 	return set, nil
 }
 
-// cleanInbox deletes the DONE rows whose event id predates the window, one
-// consumer and one batch at a time, walking the primary key range
-// (consumer, message_id < horizon): no extra index, no long statement.
+// cleanInbox deletes the DONE rows whose event id predates the window by
+// ClockSkewMargin, one consumer and one batch at a time, walking the
+// primary key range (consumer, message_id < horizon): no extra index, no
+// long statement.
 func (m *Maintainer) cleanInbox(ctx context.Context, now time.Time) (int64, error) {
-	horizon := uuidAt(now.Add(-m.cfg.Retention))
+	horizon := uuidAt(now.Add(-m.cfg.Retention - ClockSkewMargin))
 	rows, err := m.pool.Query(ctx, `WITH RECURSIVE c AS (
 			(SELECT consumer FROM inbox ORDER BY consumer LIMIT 1)
 			UNION ALL

@@ -115,9 +115,12 @@ func createPartition(ctx context.Context, pool *pgxpool.Pool, name string, d tim
 }
 
 // DropExpiredPartitions drops every daily partition of processed_messages
-// whose whole day lies before the retention window. Dropping a partition is
-// instant and leaves no dead tuples, unlike a DELETE of the same rows. It
-// returns the names it dropped.
+// whose whole day lies before the retention window by more than
+// ClockSkewMargin (so a replica whose clock lags this one's still finds
+// the keys of every copy it accepts, and its EnsurePartitions never
+// recreates a dropped day). Dropping a partition is instant and leaves no
+// dead tuples, unlike a DELETE of the same rows. It returns the names it
+// dropped.
 func DropExpiredPartitions(ctx context.Context, pool *pgxpool.Pool, retention time.Duration) ([]string, error) {
 	return dropExpiredAt(ctx, pool, time.Now(), retention)
 }
@@ -135,7 +138,7 @@ func dropExpiredAt(ctx context.Context, pool *pgxpool.Pool, now time.Time, reten
 	if err != nil {
 		return nil, err
 	}
-	horizon := now.UTC().Add(-retention)
+	horizon := now.UTC().Add(-retention - ClockSkewMargin)
 	var dropped []string
 	for _, name := range names {
 		m := partitionRE.FindStringSubmatch(name)

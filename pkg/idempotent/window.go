@@ -9,3 +9,17 @@ import "time"
 func (m Message) Expired(now time.Time, retention time.Duration) bool {
 	return beyondWindow(m.EventID, m.OccurredAt, now, retention)
 }
+
+// ClockSkewMargin is how long after the dedupe window closes, by its own
+// clock, the Maintainer keeps a key: it drops a processed_messages
+// partition, and deletes a DONE inbox row, only once the key is older than
+// Retention + ClockSkewMargin. A copy is refused as too old (Expired) by
+// the clock of the replica that receives it, and the two hosts' clocks
+// differ: forgetting exactly at the window let a replica whose clock lags
+// the maintainer's accept a copy whose key was already gone, and apply it
+// again (and let its Migrate recreate a dropped partition, empty). With
+// the margin, clocks that disagree by less than a day cannot open that gap;
+// the keys kept cost one more day of storage. The window itself (what is
+// refused) is unchanged, so ValidateRetention's day over the queue
+// retention still holds.
+const ClockSkewMargin = day

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
 	"sync"
 	"time"
@@ -56,7 +57,8 @@ type RelayConfig struct {
 	// batch's transaction, and the transaction runs with
 	// idle_in_transaction_session_timeout = Lease: a relay that dies
 	// releases its rows at once (its session ends), one that hangs or is
-	// cut off from the server after Lease.
+	// cut off from the server after Lease. A Lease above MaxLease is
+	// clamped to it.
 	Lease time.Duration
 	// PublishTimeout bounds one batch's publish [Lease/2]; it must be less
 	// than Lease. A message still unsent when it runs out counts as failed
@@ -112,6 +114,7 @@ func (c *RelayConfig) defaults() {
 	}
 	def(&c.PollInterval, 500*time.Millisecond)
 	def(&c.Lease, 30*time.Second)
+	c.Lease = min(c.Lease, MaxLease)
 	def(&c.PublishTimeout, c.Lease/2)
 	def(&c.MarkTimeout, 5*time.Second)
 	def(&c.RetryBase, retry.BaseDefault)
@@ -124,6 +127,13 @@ func (c *RelayConfig) defaults() {
 	}
 }
 
+// MaxLease is the longest RelayConfig.Lease. The lease is the claim's
+// idle_in_transaction_session_timeout, an int4 of milliseconds in
+// PostgreSQL (about 24.8 days at most): past that every claim fails. A
+// day is far above any useful lease (a batch's publish takes milliseconds)
+// and well inside the setting's range.
+const MaxLease = 24 * time.Hour
+
 // Relay publishes committed outbox rows. Any number of relays, in one
 // process or many, may run against the same table. Each batch is one short
 // READ COMMITTED transaction: it locks the due rows with FOR UPDATE SKIP
@@ -132,7 +142,10 @@ func (c *RelayConfig) defaults() {
 // outcome just before COMMIT, so a row costs one write besides its lock
 // (an UPDATE, or with DeleteOnPublish a DELETE). A row is marked published
 // (or deleted) only after the publisher accepted it; a relay that dies in
-// between takes its transaction with it, and the rows are sent again.
+// between takes its transaction with it, and the rows are sent again. A
+// row that cannot be encoded fails on its own, as a refused send does
+// (rescheduled with last_error and backoff), and the rest of its batch is
+// sent: no one row stops the relay.
 type Relay struct {
 	pool *pgxpool.Pool
 	pub  Publisher
@@ -304,32 +317,29 @@ func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
 	// the server then drops the transaction and its locks: whatever path
 	// leaves this function, no row stays claimed by it.
 	defer conn.Release()
-	msgs, err := r.claim(ctx, conn.Conn())
-	if err != nil || len(msgs) == 0 {
+	msgs, bad, err := r.claim(ctx, conn.Conn())
+	if err != nil || len(msgs)+len(bad) == 0 {
 		rollback(ctx, conn.Conn())
 		return 0, nil, err
 	}
-	// Once claimed, finish the batch even if ctx is cancelled meanwhile:
-	// marking what was sent avoids re-sending it after a clean shutdown.
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
-	failed, pubErr := r.pub.PublishBatch(pctx, msgs)
-	cancel()
-	if pubErr != nil {
-		failed = make(map[uuid.UUID]error, len(msgs))
-		for _, m := range msgs {
-			failed[m.EventID] = pubErr
-		}
+	n = len(msgs) + len(bad)
+	var failed map[uuid.UUID]error
+	if len(msgs) > 0 {
+		failed, pubErr = r.publish(ctx, msgs)
 	}
-	if pubErr == nil && len(failed) == len(msgs) {
-		for _, e := range failed { // every message failed: the queue, not the messages, is the likely cause
-			pubErr = e
-			break
-		}
+	// The rows that do not encode fail as a refused send does: rescheduled
+	// with backoff and last_error, while the rest of the batch is marked.
+	// They say nothing of the queue, so they leave pubErr alone.
+	if len(bad) > 0 {
+		all := make(map[uuid.UUID]error, len(failed)+len(bad))
+		maps.Copy(all, failed) // not into the publisher's own map
+		maps.Copy(all, bad)
+		failed = all
 	}
 	if failpoint.Hit(failpoint.AfterPublishBeforeMark) {
 		// A crash: the session ends without COMMIT, as a killed process's does.
 		_ = conn.Conn().Close(context.WithoutCancel(ctx))
-		return len(msgs), pubErr, errCrashed
+		return n, pubErr, errCrashed
 	}
 	ok := make([][16]byte, 0, len(msgs))
 	for _, m := range msgs {
@@ -341,9 +351,33 @@ func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MarkTimeout)
 	defer cancel()
 	if err := r.finish(mctx, conn.Conn(), ok, failed); err != nil {
-		return len(msgs), pubErr, err
+		return n, pubErr, err
 	}
-	return len(msgs), pubErr, nil
+	return n, pubErr, nil
+}
+
+// publish sends a batch's messages and returns those the queue did not
+// accept, each with its error, and pubErr when none was accepted (the
+// queue, not the messages, is then the likely cause).
+func (r *Relay) publish(ctx context.Context, msgs []Message) (failed map[uuid.UUID]error, pubErr error) {
+	// Once claimed, finish the batch even if ctx is cancelled meanwhile:
+	// marking what was sent avoids re-sending it after a clean shutdown.
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
+	failed, pubErr = r.pub.PublishBatch(pctx, msgs)
+	cancel()
+	if pubErr != nil {
+		failed = make(map[uuid.UUID]error, len(msgs))
+		for _, m := range msgs {
+			failed[m.EventID] = pubErr
+		}
+	}
+	if pubErr == nil && len(failed) == len(msgs) {
+		for _, e := range failed {
+			pubErr = e
+			break
+		}
+	}
+	return failed, pubErr
 }
 
 // claimSQL locks up to $1 due rows, oldest due first, skipping rows another
@@ -364,33 +398,38 @@ const claimSQL = `
 // idle_in_transaction_session_timeout is the Lease: a relay that stops
 // talking to the server mid-batch (frozen, partitioned) has its session
 // ended by the server after Lease, which releases the rows.
-func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]Message, error) {
+//
+// A row it cannot encode is claimed too, and returned in bad with the
+// reason, for finish to reschedule as a failed send: left out of the
+// claim, or failing it, it would be the first row of every later claim.
+func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) (msgs []Message, bad map[uuid.UUID]error, err error) {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED`)
 	b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, fmt.Sprint(r.cfg.Lease.Milliseconds()))
 	b.Queue(claimSQL, r.cfg.BatchSize)
 	br := conn.SendBatch(ctx, b)
-	var msgs []Message
-	_, err := br.Exec()
+	_, err = br.Exec()
 	if err == nil {
 		_, err = br.Exec()
 	}
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
-			msgs, err = messages(rows, make([]Message, 0, r.cfg.BatchSize))
+			msgs, bad, err = messages(rows, make([]Message, 0, r.cfg.BatchSize))
 		}
 	}
 	if err = errors.Join(err, br.Close()); err != nil {
-		return nil, fmt.Errorf("outbox: claim: %w", err)
+		return nil, nil, fmt.Errorf("outbox: claim: %w", err)
 	}
-	return msgs, nil
+	return msgs, bad, nil
 }
 
 // messages appends to msgs a Message for each row of claimSQL, the body
 // encoded as events.Envelope.Marshal encodes it (the payload as jsonb
-// prints it, compacted).
-func messages(rows pgx.Rows, msgs []Message) ([]Message, error) {
+// prints it, compacted). A row that does not encode (an occurred_at that
+// JSON cannot carry, stored before events.Validate refused it) is put in
+// bad with its error instead.
+func messages(rows pgx.Rows, msgs []Message) (_ []Message, bad map[uuid.UUID]error, _ error) {
 	defer rows.Close()
 	var (
 		e           events.Envelope
@@ -399,12 +438,16 @@ func messages(rows pgx.Rows, msgs []Message) ([]Message, error) {
 	)
 	for rows.Next() {
 		if err := rows.Scan(pgid.Scan(&e.EventID), &e.AggregateID, &e.AggregateVersion, &e.EventType, &payload, &traceparent, &e.OccurredAt); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		e.OccurredAt, e.Payload = e.OccurredAt.UTC(), payload
 		body, err := e.AppendJSON(make([]byte, 0, envelopeOverhead+len(payload)))
 		if err != nil {
-			return nil, fmt.Errorf("event %s: %w", e.EventID, err)
+			if bad == nil {
+				bad = map[uuid.UUID]error{}
+			}
+			bad[e.EventID] = fmt.Errorf("cannot encode the envelope (occurred_at %s): %w", e.OccurredAt.Format(time.RFC3339Nano), err)
+			continue
 		}
 		attrs := map[string]string{"event_id": e.EventID.String(), "event_type": e.EventType}
 		if traceparent != "" {
@@ -412,7 +455,7 @@ func messages(rows pgx.Rows, msgs []Message) ([]Message, error) {
 		}
 		msgs = append(msgs, Message{EventID: e.EventID, Body: body, Attributes: attrs})
 	}
-	return msgs, rows.Err()
+	return msgs, bad, rows.Err()
 }
 
 // envelopeOverhead is room for an envelope's fields besides its payload,

@@ -21,7 +21,7 @@ func TestRelayEnvValidateRefusesWhatApplyWouldDrop(t *testing.T) {
 		{outbox.RelayEnv{BatchSize: 500, Workers: 4, RetryBase: time.Second, RetryMax: time.Second}, ""},
 		{outbox.RelayEnv{BatchSize: -1}, "RELAY_BATCH_SIZE=-1: want at least 1, or unset for the default"},
 		{outbox.RelayEnv{Workers: -2}, "RELAY_WORKERS=-2"},
-		{outbox.RelayEnv{Lease: 500 * time.Millisecond}, "RELAY_LEASE=500ms: want at least 1s"},
+		{outbox.RelayEnv{Lease: 500 * time.Millisecond}, "RELAY_LEASE=500ms: want 1s..24h0m0s"},
 		{outbox.RelayEnv{PollInterval: -time.Second}, "RELAY_POLL_INTERVAL=-1s"},
 		{outbox.RelayEnv{RetryBase: 10 * time.Minute}, "RELAY_RETRY_BASE (10m0s) is above RELAY_RETRY_MAX (5m0s)"},
 		{outbox.RelayEnv{RetryMax: -time.Second}, "RELAY_RETRY_MAX=-1s"},

@@ -96,7 +96,9 @@ type SubscriberConfig struct {
 	ShutdownGrace time.Duration
 	// MaxPanics: a handler panic fails its message like an error, and a
 	// message whose handler panics on its MaxPanics-th receive or later is
-	// parked with reason "panic" [3]. Keep it below the queue's
+	// parked with reason "panic" [3]. A handler error that is or wraps a
+	// recovered panic (errs.IsPanic: idempotent.Consumer returns one for a
+	// panicking Effect) counts as the handler's panic. Keep it below the queue's
 	// maxReceiveCount, or SQS's redrive parks it first, with no reason.
 	MaxPanics int
 	// Gate, when set, tells an outage of the handler's dependency (its
@@ -207,7 +209,9 @@ func queueName(url string) string { return url[strings.LastIndex(url, "/")+1:] }
 
 // Run consumes until ctx is cancelled, then drains: no new receives,
 // in-flight handlers finish within ShutdownGrace and their messages are
-// deleted. It returns nil after a clean drain.
+// deleted. A handler still running when the grace ends has its context
+// cancelled; if it returns nil all the same (its commit won the race), its
+// message is still deleted. It returns nil after a clean drain.
 func (s *Subscriber) Run(ctx context.Context) error {
 	if s.cfg.DLQURL == "" {
 		dlq, err := s.discoverDLQ(ctx)
@@ -225,7 +229,10 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	defer stopWork()
 	s.deletes = make(chan string, 4*s.cfg.Concurrency)
 	deleterDone := make(chan struct{})
-	go func() { defer close(deleterDone); s.deleter(work) }()
+	// The deleter is not on work: a handler that commits as the grace runs
+	// out settles after stopWork, and its delete must still be sent, or the
+	// message comes back once more. Each call has its own deadline instead.
+	go func() { defer close(deleterDone); s.deleter(context.WithoutCancel(ctx)) }()
 
 	s.stopping = ctx
 	slots := worker.NewSlots(s.cfg.Concurrency)
@@ -415,15 +422,18 @@ func (s *Subscriber) settle(ctx context.Context, span trace.Span, m types.Messag
 }
 
 // call runs the handler and turns a panic into an error (panicked set),
-// logged with its stack: one bad message must not stop the subscriber.
+// logged with its stack: one bad message must not stop the subscriber. An
+// error that is a panic recovered below the handler (errs.IsPanic) sets
+// panicked too, so it counts towards MaxPanics alike.
 func (s *Subscriber) call(ctx context.Context, d Delivery, log *slog.Logger) (panicked bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			panicked, err = true, fmt.Errorf("%v", v)
+			panicked, err = true, &errs.PanicError{Value: v}
 			log.Error("handler panicked: the message fails like a handler error", "panic", err, "stack", string(debug.Stack()))
 		}
 	}()
-	return false, s.handler(ctx, d)
+	err = s.handler(ctx, d)
+	return errs.IsPanic(err), err
 }
 
 // handle runs the handler (within HandlerTimeout, panics recovered) and,
@@ -554,9 +564,15 @@ func attributesSize(attrs map[string]types.MessageAttributeValue) int {
 	return n
 }
 
+// deleteTimeout bounds one DeleteMessageBatch call (the SDK's retries
+// included), so the drain's last deletes are sent but cannot hold Run.
+const deleteTimeout = 5 * time.Second
+
 // deleter batches deletes: up to 10 receipts per DeleteMessageBatch, sent
 // as soon as 10 are queued or 5 ms after the first, so completions cost a
-// fraction of a round trip each.
+// fraction of a round trip each. It runs until s.deletes is closed, after
+// the last handler has settled: ctx is never cancelled, each call has
+// deleteTimeout.
 func (s *Subscriber) deleter(ctx context.Context) {
 	batch := make([]string, 0, 10)
 	flush := func() {
@@ -567,7 +583,9 @@ func (s *Subscriber) deleter(ctx context.Context) {
 		for i, r := range batch {
 			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r)}
 		}
-		out, err := s.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &s.cfg.QueueURL, Entries: entries})
+		dctx, cancel := context.WithTimeout(ctx, deleteTimeout)
+		out, err := s.client.DeleteMessageBatch(dctx, &sqs.DeleteMessageBatchInput{QueueUrl: &s.cfg.QueueURL, Entries: entries})
+		cancel()
 		switch {
 		case err != nil:
 			s.log.Error("delete batch failed: those messages will be redelivered and deduplicated", "error", err, "count", len(batch))

@@ -13,6 +13,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectively-once/payments-cashback/pkg/errs"
 )
 
 // BatchHandler processes the decodable messages of one receive together
@@ -26,6 +28,13 @@ import (
 // Each Delivery's Ctx carries that message's own trace span (a child of
 // the traceparent it arrived with): work done for one message belongs in
 // its Ctx, so that its trace continues through whatever it produces.
+//
+// A handler that panics is recovered (the panic logged with its stack)
+// and, when the receive held more than one message, called again with
+// each of them alone: only a message whose own call panics fails as a
+// panic, counting towards MaxPanics; the others are settled on their own
+// results. So it must be safe to call again with messages it handled in
+// part, as an idempotent consumer is.
 type BatchHandler func(ctx context.Context, ds []Delivery) []error
 
 // NewBatchSubscriber returns a Subscriber that hands each receive (up to
@@ -73,17 +82,17 @@ func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
 	t0 := time.Now()
 	// One deadline for the receive, as for a single message: the batch's
 	// transaction must end before the messages' visibility does.
-	panicked, timedOut, errs := s.handleBatch(ctx, ds)
+	timedOut, results := s.handleBatch(ctx, ds)
 	stopHeartbeat()
 	took := time.Since(t0) / time.Duration(len(ds))
 	for i, it := range items {
 		var err error
-		if i < len(errs) {
-			err = errs[i]
+		if i < len(results) {
+			err = results[i]
 		} else {
-			err = fmt.Errorf("sqstransport: batch handler returned %d results for %d messages", len(errs), len(ds))
+			err = fmt.Errorf("sqstransport: batch handler returned %d results for %d messages", len(results), len(ds))
 		}
-		s.settle(ds[i].Ctx, it.span, it.m, ds[i], verdict{err: err, timedOut: timedOut && err != nil, panicked: panicked}, took, it.log)
+		s.settle(ds[i].Ctx, it.span, it.m, ds[i], verdict{err: err, timedOut: timedOut[i] && err != nil, panicked: errs.IsPanic(err)}, took, it.log)
 		it.span.End()
 	}
 }
@@ -93,41 +102,79 @@ func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
 // Gate confirms, the receive held (the heartbeat keeps it invisible) and
 // handed over again once the gate reopens, so an outage costs no message
 // a delivery. It gives up, returning the last attempt's results, when the
-// drain starts or MaxExtension has passed.
-func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (panicked, timedOut bool, errs []error) {
+// drain starts or MaxExtension has passed. timedOut[i] says that
+// delivery i's call ran past its deadline.
+//
+// A panic says nothing of which message caused it, so the receive's
+// deliveries are then handed over again one at a time (oneByOne): only
+// the one that panics fails as a panic and counts towards MaxPanics; the
+// others are applied and deleted. A handler is idempotent, so whatever the
+// panicking call had committed is a duplicate the second time.
+func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (timedOut []bool, results []error) {
 	deadline := time.Now().Add(s.cfg.MaxExtension)
 	for {
 		hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
-		panicked, errs = s.callBatch(hctx, ds)
-		timedOut = errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+		panicked, results := s.callBatch(hctx, ds)
+		late := errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 		cancel()
+		if panicked && len(ds) > 1 {
+			return s.oneByOne(ctx, ds)
+		}
+		timedOut = make([]bool, len(ds))
+		for i := range timedOut {
+			timedOut[i] = late
+		}
 		var suspect error
-		for _, err := range errs {
-			if err != nil && !IsPermanent(err) {
+		for _, err := range results {
+			if err != nil && !IsPermanent(err) && !errs.IsPanic(err) {
 				suspect = err
 				break
 			}
 		}
 		if suspect == nil || panicked || !s.cfg.Gate.Suspect(ctx, suspect) {
-			return panicked, timedOut, errs
+			return timedOut, results
 		}
 		s.log.Warn("dependency unavailable: holding the receive until it answers", "error", suspect, "messages", len(ds))
 		if s.waitGate(ctx, deadline) != nil {
-			return panicked, timedOut, errs
+			return timedOut, results
 		}
 	}
 }
 
-// callBatch runs the batch handler and turns a panic into the same error
-// for every delivery (panicked set), logged with its stack.
-func (s *Subscriber) callBatch(ctx context.Context, ds []Delivery) (panicked bool, errs []error) {
+// oneByOne hands each delivery to the batch handler on its own, each call
+// within its own HandlerTimeout and its panic recovered, after a call over
+// the whole receive panicked.
+func (s *Subscriber) oneByOne(ctx context.Context, ds []Delivery) (timedOut []bool, results []error) {
+	s.log.Warn("batch handler panicked: handing the receive's messages over one at a time", "messages", len(ds))
+	timedOut, results = make([]bool, len(ds)), make([]error, len(ds))
+	for i := range ds {
+		hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
+		_, r := s.callBatch(hctx, ds[i:i+1])
+		timedOut[i] = errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+		cancel()
+		if len(r) > 0 {
+			results[i] = r[0]
+		} else {
+			results[i] = fmt.Errorf("sqstransport: batch handler returned no result for its one message")
+		}
+	}
+	return timedOut, results
+}
+
+// callBatch runs the batch handler and turns a panic into the same
+// *errs.PanicError for every delivery (panicked set), logged with its stack.
+func (s *Subscriber) callBatch(ctx context.Context, ds []Delivery) (panicked bool, results []error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err := fmt.Errorf("%v", v)
-			s.log.Error("batch handler panicked: its messages fail like a handler error", "panic", err, "messages", len(ds), "stack", string(debug.Stack()))
-			panicked, errs = true, make([]error, len(ds))
-			for i := range errs {
-				errs[i] = err
+			err := &errs.PanicError{Value: v}
+			args := []any{"panic", err, "messages", len(ds), "stack", string(debug.Stack())}
+			if len(ds) == 1 {
+				args = append(args, "event_id", ds[0].Envelope.EventID, "sqs_message_id", ds[0].SQSMessageID)
+			}
+			s.log.Error("batch handler panicked", args...)
+			panicked, results = true, make([]error, len(ds))
+			for i := range results {
+				results[i] = err
 			}
 		}
 	}()

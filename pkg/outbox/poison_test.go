@@ -1,0 +1,65 @@
+package outbox_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/outbox"
+)
+
+// A row the relay cannot encode (here an occurred_at past year 9999, which
+// Add now refuses but an older producer, or a hand-written INSERT, may have
+// stored) fails on its own, as a refused send does: it is rescheduled with
+// last_error and backoff, and the rest of its batch is published. Before,
+// the whole claim failed and rolled back, and every later claim took the
+// same row first: the relay was stopped by one row.
+func TestOneUnencodableRowDoesNotStopTheRelay(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	c, q, pub := queue(t)
+	poison := newEvent(t, 0)
+	poison.OccurredAt = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = outbox.Add(ctx, tx, poison)
+	_ = tx.Rollback(ctx)
+	if !events.IsDecodeError(err) {
+		t.Errorf("Add of an occurred_at in year 10000: %v, want a *events.DecodeError", err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_id, aggregate_version, event_type, payload, occurred_at)
+		VALUES ($1, $2, $3, $4, $5, $6)`, poison.EventID, poison.AggregateID, poison.AggregateVersion,
+		poison.EventType, []byte(poison.Payload), poison.OccurredAt); err != nil {
+		t.Fatal(err)
+	}
+	good := newEvent(t, 1)
+	addCommitted(t, ctx, pool, good)
+
+	const base = time.Minute
+	r := newRelay(t, pool, pub, outbox.RelayConfig{BatchSize: 10, DisableListen: true, RetryBase: base, RetryMax: time.Hour})
+	if n, err := r.RelayOnce(ctx); n != 2 || err != nil {
+		t.Fatalf("RelayOnce: claimed %d, %v; want 2, nil", n, err)
+	}
+	if s := state(t, pool, good.EventID); !s.Published {
+		t.Fatalf("the encodable row: %+v, want published", s)
+	}
+	s := state(t, pool, poison.EventID)
+	if s.Published || s.Claimed || s.Attempts != 1 || s.LastError == nil || !strings.Contains(*s.LastError, "occurred_at") {
+		t.Fatalf("the unencodable row: %+v; want unpublished, attempts 1, last_error naming occurred_at", s)
+	}
+	if s.DueIn < base*3/4-time.Second {
+		t.Fatalf("the unencodable row is due in %v, want the backoff of a failed send (about %v)", s.DueIn, base)
+	}
+	got := receive(t, c, q, 2, 3*time.Second, true)
+	if len(got) != 1 || got[0].Attributes["event_id"] != good.EventID.String() {
+		t.Fatalf("received %d messages (%v), want only the encodable event %s", len(got), got, good.EventID)
+	}
+	// Not due: the next claim finds nothing rather than the same row again.
+	if n, err := r.RelayOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("RelayOnce after: claimed %d, %v; want 0", n, err)
+	}
+}
