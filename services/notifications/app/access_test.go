@@ -47,8 +47,10 @@ func TestHostileRequestsToTheNotificationsRouteAreRefusedAndChangeNothing(t *tes
 	})
 }
 
-// A failing database gives a 500 with the request id and no error text.
-func TestANotifications500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
+// closedPoolAPI is the API on a pool closed under it (any query fails),
+// with testAccess's keys, and its log.
+func closedPoolAPI(t *testing.T) (http.Handler, *testenv.Buffer) {
+	t.Helper()
 	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +66,12 @@ func TestANotifications500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool.Close()
+	return r, logs
+}
+
+// A failing database gives a 500 with the request id and no error text.
+func TestANotifications500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
+	r, logs := closedPoolAPI(t)
 	testenv.Internal500(t, r, testenv.Route{Method: http.MethodGet, Path: "/v1/notifications"}, "Bearer "+readKey, logs, "closed pool")
 }
 
@@ -93,21 +101,7 @@ func TestNotificationsRefusesToStartWithoutAReadKey(t *testing.T) {
 // values, answered without a query (the pool is closed: a query would be
 // a 500). A bad event_id or limit is 400 too.
 func TestANotificationsQueryOutsideTheStatesIsRefusedWithoutAskingTheDatabase(t *testing.T) {
-	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &testenv.Buffer{}
-	log := slog.New(service.NewContextHandler(logs, slog.LevelInfo))
-	access, err := testAccess.Parse("NOTIFICATIONS_", api.Needs, service.RoleRead)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := service.NewRouter(log, nil, nil)
-	if err := api.Routes(r, pool, log, access); err != nil {
-		t.Fatal(err)
-	}
-	pool.Close()
+	r, logs := closedPoolAPI(t)
 	get := func(q string) (int, service.ErrorBody) {
 		req := httptest.NewRequest(http.MethodGet, "/v1/notifications"+q, nil)
 		req.Header.Set("Authorization", "Bearer "+readKey)

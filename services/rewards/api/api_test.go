@@ -22,10 +22,10 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 const adminKey = "rewards-admin-0123456789abcdef0123456"
 
-// A route whose database fails answers 500 "internal" with the request id
-// and nothing of the error; the error is logged under that id. Here the
-// pool is closed under the API.
-func TestA500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
+// closedPoolAPI is the API on a pool closed under it (any query fails),
+// with adminKey holding read and admin, and its log.
+func closedPoolAPI(t *testing.T) (http.Handler, *testenv.Buffer) {
+	t.Helper()
 	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -44,6 +44,14 @@ func TestA500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
 	r := service.NewRouter(log, nil, nil)
 	srv.Routes(r)
 	pool.Close()
+	return r, logs
+}
+
+// A route whose database fails answers 500 "internal" with the request id
+// and nothing of the error; the error is logged under that id. Here the
+// pool is closed under the API.
+func TestA500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
+	r, logs := closedPoolAPI(t)
 	for _, rt := range []testenv.Route{
 		{Method: http.MethodGet, Path: "/v1/wallets/u_1"},
 		{Method: http.MethodGet, Path: "/v1/cashback-rates"},
@@ -59,24 +67,7 @@ func TestA500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
 // echoed back. A query value of the wrong shape is 400, also before any
 // query.
 func TestAUserIDThatCannotExistIsNotFoundWithoutAskingTheDatabase(t *testing.T) {
-	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &testenv.Buffer{}
-	log := slog.New(service.NewContextHandler(logs, slog.LevelInfo))
-	keys, err := service.ParseAPIKeys("ops/read+admin:"+adminKey, service.RoleRead)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := api.New(pool, log, service.Access{Keys: keys, RateLimit: 100, AddressRateLimit: 100, RateWindow: time.Second},
-		cashback.RateRules{MaxBP: 1000, MinLead: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := service.NewRouter(log, nil, nil)
-	srv.Routes(r)
-	pool.Close()
+	r, logs := closedPoolAPI(t)
 	get := func(path string) (int, string) {
 		req := httptest.NewRequest(http.MethodGet, path, nil)
 		req.Header.Set("Authorization", "Bearer "+adminKey)
