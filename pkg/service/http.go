@@ -153,10 +153,22 @@ func accessLog(log *slog.Logger) func(http.Handler) http.Handler {
 			if probe(r.URL.Path) {
 				return
 			}
-			log.InfoContext(r.Context(), "http request", "method", r.Method, "path", r.URL.Path, "status", ww.Status(),
+			log.InfoContext(r.Context(), "http request", "method", r.Method, "path", logPath(r.URL.Path), "status", ww.Status(),
 				"duration_ms", float64(time.Since(start).Microseconds())/1000)
 		})
 	}
+}
+
+// maxLoggedPath is how much of a request's path the access log keeps: the
+// path is the client's, and one line per request must stay a line.
+const maxLoggedPath = 256
+
+// logPath is p, or its first maxLoggedPath bytes and its length.
+func logPath(p string) string {
+	if len(p) <= maxLoggedPath {
+		return p
+	}
+	return fmt.Sprintf("%s…(%d bytes)", p[:maxLoggedPath], len(p))
 }
 
 // ErrorBody is the JSON shape of every error response (errs.Body).

@@ -379,3 +379,38 @@ func TestAClientsRequestIDIsKeptOnlyWhenShortAndSafe(t *testing.T) {
 		}
 	}
 }
+
+// The access log names a request's path, but a client's path is not the
+// log's to carry whole: one past 256 bytes is cut there, its length said,
+// so a 3,000-byte path (or a flood of them) cannot swell the log line.
+func TestTheAccessLogCutsALongPath(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(service.NewContextHandler(&buf, slog.LevelInfo))
+	srv := httptest.NewServer(service.NewRouter(log, nil, nil))
+	defer srv.Close()
+	long := "/v1/" + strings.Repeat("x", 3000)
+	for _, path := range []string{"/v1/short", long} {
+		buf.Reset()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		var line struct {
+			Msg, Path string
+		}
+		if err := json.Unmarshal(buf.Bytes(), &line); err != nil || line.Msg != "http request" {
+			t.Fatalf("%.20s: access log %q (%v)", path, buf.String(), err)
+		}
+		switch path {
+		case long:
+			if want := long[:256] + "…(3004 bytes)"; line.Path != want {
+				t.Errorf("long path logged as %.300q, want the first 256 bytes and the length", line.Path)
+			}
+		default:
+			if line.Path != path {
+				t.Errorf("path logged as %q, want %q", line.Path, path)
+			}
+		}
+	}
+}

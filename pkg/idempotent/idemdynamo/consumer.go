@@ -88,8 +88,10 @@ type Config struct {
 	// Table is the dedupe table. Defaults to DefaultTable.
 	Table string
 	// Retention is the dedupe window: older copies are Expired, and each
-	// dedupe item's expires_at is this far after it was applied. Defaults
-	// to idempotent.DefaultRetention.
+	// dedupe item's expires_at is this far, plus idempotent.ClockSkewMargin,
+	// after it was applied (so a replica whose clock lags by less than the
+	// margin never accepts a copy whose item is gone). Defaults to
+	// idempotent.DefaultRetention.
 	Retention time.Duration
 	// MaxRetries bounds how often a transaction cancelled only by
 	// TransactionConflict or throttling is sent again. Defaults to 5.
@@ -232,7 +234,7 @@ func (c *Consumer) dedupePut(msg idempotent.Message) types.TransactWriteItem {
 			AttrEventID:     &types.AttributeValueMemberS{Value: msg.EventID.String()},
 			AttrHash:        &types.AttributeValueMemberB{Value: msg.Hash},
 			AttrProcessedAt: &types.AttributeValueMemberS{Value: now.UTC().Format(time.RFC3339Nano)},
-			AttrExpiresAt:   &types.AttributeValueMemberN{Value: strconv.FormatInt(now.Add(c.cfg.Retention).Unix(), 10)},
+			AttrExpiresAt:   &types.AttributeValueMemberN{Value: strconv.FormatInt(now.Add(c.cfg.Retention+idempotent.ClockSkewMargin).Unix(), 10)},
 		},
 		ConditionExpression:                 aws.String("attribute_not_exists(" + AttrEventID + ")"),
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
