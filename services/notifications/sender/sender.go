@@ -374,6 +374,14 @@ func (s *Sender) send(ctx context.Context, r row) {
 	// known not to be accepted then waits for the provider without its
 	// attempt counted; one whose outcome is unknown is resolved as ever
 	// (looked up, or by its kind's policy), since it may have been sent.
+	if class == sms.Retryable && errors.Is(err, sms.ErrCredential) {
+		// The key, not the message: counting the call would turn every
+		// message FAILED while an operator fixes the key.
+		log.ErrorContext(ctx, "provider refused this service's credential: check SMS_PROVIDER_API_KEY; the message waits, this call not counted as an attempt",
+			"error", err, "retry_in", s.cfg.RetryMax)
+		s.awaitCredential(ctx, r, err.Error(), log)
+		return
+	}
 	down := class != sms.Rejected && s.cfg.Gate.Suspect(ctx, err)
 	if down && class == sms.Retryable {
 		log.WarnContext(ctx, "provider unreachable: the message waits for it, this call not counted as an attempt", "error", err)
@@ -508,6 +516,17 @@ func (s *Sender) awaitProvider(ctx context.Context, r row, lastErr string, log *
 		return
 	}
 	s.transition(ctx, "PENDING", "provider_unreachable")
+}
+
+// awaitCredential puts r back to PENDING, due after RetryMax, its attempt
+// not counted: the provider refused the credential, not the message.
+func (s *Sender) awaitCredential(ctx context.Context, r row, lastErr string, log *slog.Logger) {
+	if err := s.fenced(ctx, r, `status = 'PENDING', attempts = attempts - 1, next_attempt_at = now() + $3::interval, last_error = $4`,
+		s.cfg.RetryMax, lastErr); err != nil {
+		log.ErrorContext(ctx, "could not put back to PENDING", "error", err)
+		return
+	}
+	s.transition(ctx, "PENDING", "credential_refused")
 }
 
 // retryLater puts r back to PENDING with a backoff, or FAILED when it has

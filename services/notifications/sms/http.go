@@ -187,8 +187,7 @@ func statusError(resp *http.Response, raw []byte) error {
 }
 
 func credentialError(resp *http.Response, raw []byte) error {
-	return fmt.Errorf("the provider refused this service's credential (SMS_PROVIDER_API_KEY, a key with the role send): %w",
-		statusError(resp, raw))
+	return fmt.Errorf("%w (SMS_PROVIDER_API_KEY, a key with the role send): %w", ErrCredential, statusError(resp, raw))
 }
 
 // transportError classifies an error of http.Client.Do: a failure to

@@ -79,6 +79,11 @@ func (c Class) String() string {
 }
 
 // Error is a classified provider error.
+// ErrCredential is in the chain of a Send error that the provider
+// answered 401 or 403: it refused this service's credential before any
+// work, so the message itself is not at fault (Class Retryable).
+var ErrCredential = errors.New("the provider refused this service's credential")
+
 type Error struct {
 	Class Class
 	Err   error
