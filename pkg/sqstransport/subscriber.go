@@ -41,6 +41,8 @@ type Delivery struct {
 	// span, under the traceparent it arrived with. A Handler gets that
 	// context as its ctx argument and Ctx is nil.
 	Ctx context.Context
+
+	received time.Time // when the subscriber decoded it, just after the receive
 }
 
 // Handler processes one delivery. Return nil only once the effect is
@@ -89,7 +91,9 @@ type SubscriberConfig struct {
 	// package's schedule without jitter (SQS spreads redeliveries itself:
 	// each message's visibility runs from its own receive). SQS counts the
 	// delay in whole seconds: a fraction is dropped (a base below 1s makes
-	// the first redelivery immediate) and one above 12h is 12h.
+	// the first redelivery immediate); and it keeps a message in flight 12
+	// hours from its receive at most, so a longer delay ends a minute
+	// before that.
 	RetryBase, RetryMax time.Duration
 	// ShutdownGrace bounds how long in-flight handlers may run after the
 	// context is cancelled [30s].
@@ -329,7 +333,8 @@ func (s *Subscriber) receive(ctx context.Context, n int) ([]types.Message, error
 // decode turns a received message into a Delivery. An undecodable one is
 // parked here and ok is false.
 func (s *Subscriber) decode(ctx context.Context, m types.Message) (d Delivery, log *slog.Logger, ok bool) {
-	d = Delivery{SQSMessageID: aws.ToString(m.MessageId), Body: []byte(aws.ToString(m.Body)), Attributes: map[string]string{}}
+	d = Delivery{SQSMessageID: aws.ToString(m.MessageId), Body: []byte(aws.ToString(m.Body)), Attributes: map[string]string{},
+		received: time.Now()}
 	d.ReceiveCount, _ = strconv.Atoi(m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
 	for k, v := range m.MessageAttributes {
 		if v.StringValue != nil {
@@ -401,7 +406,7 @@ func (s *Subscriber) settle(ctx context.Context, span trace.Span, m types.Messag
 		// transaction is rolled back, so the message must come back.
 		s.timeouts.Add(ctx, 1, metric.WithAttributes(s.attrQueue))
 		span.RecordError(err)
-		delay := s.redelivery(d.ReceiveCount)
+		delay := s.redelivery(d)
 		log.Warn("handler passed its deadline: rolled back, message left for redelivery",
 			"handler_timeout", s.cfg.HandlerTimeout, "error", err, "retry_in", delay)
 		s.setVisibility(ctx, m.ReceiptHandle, delay, log)
@@ -415,7 +420,7 @@ func (s *Subscriber) settle(ctx context.Context, span trace.Span, m types.Messag
 	default:
 		s.failed.Add(ctx, 1, metric.WithAttributes(s.attrQueue))
 		span.RecordError(err)
-		delay := s.redelivery(d.ReceiveCount)
+		delay := s.redelivery(d)
 		log.Warn("handler failed: message left for redelivery", "error", err, "retry_in", delay)
 		s.setVisibility(ctx, m.ReceiptHandle, delay, log)
 	}
@@ -474,9 +479,17 @@ func (s *Subscriber) waitGate(ctx context.Context, deadline time.Time) error {
 // is not flooded (the SDK has already retried each call): 1s, 2s, ... 20s.
 var receiveRetry = retry.Policy{Base: time.Second, Max: 20 * time.Second}
 
-// redelivery is the visibility timeout after a failed receive-th delivery.
-func (s *Subscriber) redelivery(receives int) time.Duration {
-	return retry.Policy{Base: s.cfg.RetryBase, Max: s.cfg.RetryMax}.Delay(receives)
+// redelivery is the visibility timeout after the failed delivery d: the
+// backoff of its receive count, within what SQS lets a message stay in
+// flight (12 hours from its receive, its extensions included; a longer
+// one is refused and the message would come back at its visibility
+// timeout instead), less a minute for the clocks and the calls.
+func (s *Subscriber) redelivery(d Delivery) time.Duration {
+	delay := retry.Policy{Base: s.cfg.RetryBase, Max: s.cfg.RetryMax}.Delay(d.ReceiveCount)
+	if !d.received.IsZero() {
+		delay = min(delay, maxVisibility-time.Since(d.received)-time.Minute)
+	}
+	return max(delay, 0)
 }
 
 // heartbeat keeps the messages invisible while their handler runs.
