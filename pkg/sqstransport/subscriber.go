@@ -370,21 +370,22 @@ func (s *Subscriber) process(ctx context.Context, m types.Message) {
 
 	stopHeartbeat := s.heartbeat(ctx, []*string{m.ReceiptHandle}, log)
 	t0 := time.Now()
-	panicked, timedOut, err := s.handle(ctx, d, log)
+	timedOut, err := s.handle(ctx, d, log)
 	stopHeartbeat()
-	s.settle(ctx, span, m, d, verdict{err: err, timedOut: timedOut, panicked: panicked}, time.Since(t0), log)
+	s.settle(ctx, span, m, d, verdict{err: err, timedOut: timedOut}, time.Since(t0), log)
 }
 
 // verdict is what a handler's run said about one message.
 type verdict struct {
-	err                error
-	timedOut, panicked bool // past HandlerTimeout; the handler panicked
+	err      error
+	timedOut bool // past HandlerTimeout
 }
 
 // settle acts on a handler's verdict for one message: delete it (nil),
 // park it (permanent) or leave it for a redelivery after its backoff.
 func (s *Subscriber) settle(ctx context.Context, span trace.Span, m types.Message, d Delivery, v verdict, took time.Duration, log *slog.Logger) {
-	err, timedOut, panicked := v.err, v.timedOut, v.panicked
+	// A panic, recovered here or below the handler, is an errs.PanicError.
+	err, timedOut, panicked := v.err, v.timedOut, errs.IsPanic(v.err)
 	result := "ok"
 	switch {
 	case timedOut:
@@ -426,19 +427,18 @@ func (s *Subscriber) settle(ctx context.Context, span trace.Span, m types.Messag
 	}
 }
 
-// call runs the handler and turns a panic into an error (panicked set),
+// call runs the handler and turns a panic into an *errs.PanicError,
 // logged with its stack: one bad message must not stop the subscriber. An
-// error that is a panic recovered below the handler (errs.IsPanic) sets
-// panicked too, so it counts towards MaxPanics alike.
-func (s *Subscriber) call(ctx context.Context, d Delivery, log *slog.Logger) (panicked bool, err error) {
+// error that is a panic recovered below the handler (errs.IsPanic) counts
+// towards MaxPanics alike.
+func (s *Subscriber) call(ctx context.Context, d Delivery, log *slog.Logger) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			panicked, err = true, &errs.PanicError{Value: v}
+			err = &errs.PanicError{Value: v}
 			log.Error("handler panicked: the message fails like a handler error", "panic", err, "stack", string(debug.Stack()))
 		}
 	}()
-	err = s.handler(ctx, d)
-	return errs.IsPanic(err), err
+	return s.handler(ctx, d)
 }
 
 // handle runs the handler (within HandlerTimeout, panics recovered) and,
@@ -448,21 +448,27 @@ func (s *Subscriber) call(ctx context.Context, d Delivery, log *slog.Logger) (pa
 // handler again once the gate reopens. It gives up, returning the last
 // attempt's result, when the drain starts or MaxExtension has passed since
 // the receive.
-func (s *Subscriber) handle(ctx context.Context, d Delivery, log *slog.Logger) (panicked, timedOut bool, err error) {
+func (s *Subscriber) handle(ctx context.Context, d Delivery, log *slog.Logger) (timedOut bool, err error) {
 	deadline := time.Now().Add(s.cfg.MaxExtension)
 	for {
-		hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
-		panicked, err = s.call(hctx, d, log)
-		timedOut = err != nil && errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
-		cancel()
-		if err == nil || panicked || IsPermanent(err) || !s.cfg.Gate.Suspect(ctx, err) {
-			return panicked, timedOut, err
+		timedOut = s.within(ctx, func(hctx context.Context) { err = s.call(hctx, d, log) }) && err != nil
+		if err == nil || errs.IsPanic(err) || IsPermanent(err) || !s.cfg.Gate.Suspect(ctx, err) {
+			return timedOut, err
 		}
 		log.Warn("dependency unavailable: holding the message until it answers", "error", err)
 		if s.waitGate(ctx, deadline) != nil {
-			return panicked, timedOut, err
+			return timedOut, err
 		}
 	}
+}
+
+// within runs f under HandlerTimeout and reports whether that deadline,
+// not ctx's end, ran out.
+func (s *Subscriber) within(ctx context.Context, f func(hctx context.Context)) (late bool) {
+	hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
+	defer cancel()
+	f(hctx)
+	return errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 }
 
 // waitGate waits until the gate reopens, at most until deadline (the held
@@ -486,10 +492,7 @@ var receiveRetry = retry.Policy{Base: time.Second, Max: 20 * time.Second}
 // timeout instead), less a minute for the clocks and the calls.
 func (s *Subscriber) redelivery(d Delivery) time.Duration {
 	delay := retry.Policy{Base: s.cfg.RetryBase, Max: s.cfg.RetryMax}.Delay(d.ReceiveCount)
-	if !d.received.IsZero() {
-		delay = min(delay, maxVisibility-time.Since(d.received)-time.Minute)
-	}
-	return max(delay, 0)
+	return max(min(delay, maxVisibility-time.Since(d.received)-time.Minute), 0)
 }
 
 // heartbeat keeps the messages invisible while their handler runs.
@@ -520,7 +523,7 @@ func (s *Subscriber) heartbeat(ctx context.Context, receipts []*string, log *slo
 
 func (s *Subscriber) setVisibility(ctx context.Context, receipt *string, d time.Duration, log *slog.Logger) {
 	_, err := s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
-		QueueUrl: &s.cfg.QueueURL, ReceiptHandle: receipt, VisibilityTimeout: int32(min(d, maxVisibility) / time.Second)})
+		QueueUrl: &s.cfg.QueueURL, ReceiptHandle: receipt, VisibilityTimeout: int32(d / time.Second)})
 	if err != nil {
 		log.Warn("change visibility failed", "error", err)
 	}

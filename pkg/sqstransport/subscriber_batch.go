@@ -2,7 +2,6 @@ package sqstransport
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -92,7 +91,7 @@ func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
 		} else {
 			err = fmt.Errorf("sqstransport: batch handler returned %d results for %d messages", len(results), len(ds))
 		}
-		s.settle(ds[i].Ctx, it.span, it.m, ds[i], verdict{err: err, timedOut: timedOut[i] && err != nil, panicked: errs.IsPanic(err)}, took, it.log)
+		s.settle(ds[i].Ctx, it.span, it.m, ds[i], verdict{err: err, timedOut: timedOut[i] && err != nil}, took, it.log)
 		it.span.End()
 	}
 }
@@ -113,10 +112,8 @@ func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
 func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (timedOut []bool, results []error) {
 	deadline := time.Now().Add(s.cfg.MaxExtension)
 	for {
-		hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
-		panicked, results := s.callBatch(hctx, ds)
-		late := errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
-		cancel()
+		var panicked bool
+		late := s.within(ctx, func(hctx context.Context) { panicked, results = s.callBatch(hctx, ds) })
 		if panicked && len(ds) > 1 {
 			return s.oneByOne(ctx, ds)
 		}
@@ -148,10 +145,8 @@ func (s *Subscriber) oneByOne(ctx context.Context, ds []Delivery) (timedOut []bo
 	s.log.Warn("batch handler panicked: handing the receive's messages over one at a time", "messages", len(ds))
 	timedOut, results = make([]bool, len(ds)), make([]error, len(ds))
 	for i := range ds {
-		hctx, cancel := context.WithTimeout(ctx, s.cfg.HandlerTimeout)
-		_, r := s.callBatch(hctx, ds[i:i+1])
-		timedOut[i] = errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
-		cancel()
+		var r []error
+		timedOut[i] = s.within(ctx, func(hctx context.Context) { _, r = s.callBatch(hctx, ds[i:i+1]) })
 		if len(r) > 0 {
 			results[i] = r[0]
 		} else {

@@ -97,19 +97,16 @@ func (e ConsumerEnv) Validate() error {
 // Subscribe resolves queue (waiting up to QueueWait) and builds its
 // Subscriber from cfg, with e's Concurrency, a receive of BatchSize
 // messages unless cfg or SUBSCRIBER_MAX_MESSAGES sets one, and
-// SubscriberEnv filling cfg's zero tuning. Each receive goes to batch when
-// BatchSize is above 1 (a BatchSize out of range counts as 10), else each
-// message to one.
+// SubscriberEnv filling cfg's zero tuning. Each receive goes to batch
+// unless BatchSize is 1 (one out of range counts as 10, the subscriber's
+// clamp of MaxMessages), then each message to one.
 func (e ConsumerEnv) Subscribe(ctx context.Context, c *sqs.Client, queue string, cfg SubscriberConfig,
 	log *slog.Logger, batch BatchHandler, one Handler) (*Subscriber, error) {
 	cfg.Concurrency = e.Concurrency
-	if e.BatchSize <= 0 || e.BatchSize > maxMessages {
-		e.BatchSize = maxMessages
-	}
 	if cfg.MaxMessages == 0 && e.SubscriberEnv.MaxMessages == 0 {
 		cfg.MaxMessages = e.BatchSize
 	}
-	if e.BatchSize > 1 {
+	if e.BatchSize != 1 {
 		return NewQueueBatchSubscriber(ctx, c, queue, e.QueueWait, cfg, e.SubscriberEnv, log, batch)
 	}
 	return NewQueueSubscriber(ctx, c, queue, e.QueueWait, cfg, e.SubscriberEnv, log, one)
