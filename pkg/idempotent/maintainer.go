@@ -84,8 +84,9 @@ func (c *MaintainerConfig) defaults() {
 //     than ClockSkewMargin before the window, in batches. A copy of such an
 //     event is refused by the same rule at receive time (ErrExpired), on a
 //     clock that may lag this host's by anything under the margin, so
-//     forgetting the row cannot let it be applied twice. PENDING and FAILED rows are never deleted: a FAILED
-//     row waits for an operator however old it is.
+//     forgetting the row cannot let it be applied twice. PENDING and
+//     FAILED rows are never deleted: a FAILED row waits for an operator
+//     however old it is.
 //
 // Every replica may run one: the steps are idempotent and tolerate racing.
 // It uses its own single connection (with LockTimeout set), apart from the

@@ -20,6 +20,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 )
 
@@ -292,35 +293,12 @@ func TestUnknownRoutesAndWrongMethodsAnswerTheJSONErrorShape(t *testing.T) {
 	})
 	srv := httptest.NewServer(r)
 	defer srv.Close()
-	for _, c := range []struct {
-		method, path string
-		status       int
-		code, allow  string
-	}{
-		{http.MethodGet, "/nope", http.StatusNotFound, "not_found", ""},
-		{http.MethodGet, "/v1/things", http.StatusNotFound, "not_found", ""},
-		{http.MethodDelete, "/v1/things/1", http.StatusMethodNotAllowed, "method_not_allowed", "GET, POST"},
-		{http.MethodPost, "/healthz", http.StatusMethodNotAllowed, "method_not_allowed", "GET"},
-	} {
-		req, _ := http.NewRequest(c.method, srv.URL+c.path, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var b service.ErrorBody
-		err = json.NewDecoder(resp.Body).Decode(&b)
-		resp.Body.Close()
-		what := c.method + " " + c.path
-		if resp.StatusCode != c.status || err != nil || b.Error.Code != c.code || b.Error.Message == "" {
-			t.Errorf("%s: %d %+v (%v), want %d %s with a message", what, resp.StatusCode, b.Error, err, c.status, c.code)
-		}
-		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
-			t.Errorf("%s: Content-Type %q, want application/json", what, ct)
-		}
-		if got := strings.Join(resp.Header.Values("Allow"), ", "); got != c.allow {
-			t.Errorf("%s: Allow %q, want %q", what, got, c.allow)
-		}
-	}
+	testenv.RoutingErrors(t, srv.URL, "", []testenv.RoutingCase{
+		{Method: http.MethodGet, Path: "/nope", Status: http.StatusNotFound, Code: "not_found"},
+		{Method: http.MethodGet, Path: "/v1/things", Status: http.StatusNotFound, Code: "not_found"},
+		{Method: http.MethodDelete, Path: "/v1/things/1", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "GET, POST"},
+		{Method: http.MethodPost, Path: "/healthz", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "GET"},
+	})
 }
 
 // A client's X-Request-Id is kept only when it is short and safe (1 to 64

@@ -379,13 +379,13 @@ func (s *Sender) send(ctx context.Context, r row) {
 		// message FAILED while an operator fixes the key.
 		log.ErrorContext(ctx, "provider refused this service's credential: check SMS_PROVIDER_API_KEY; the message waits, this call not counted as an attempt",
 			"error", err, "retry_in", s.cfg.RetryMax)
-		s.awaitCredential(ctx, r, err.Error(), log)
+		s.uncounted(ctx, r, s.cfg.RetryMax, "credential_refused", err.Error(), log)
 		return
 	}
 	down := class != sms.Rejected && s.cfg.Gate.Suspect(ctx, err)
 	if down && class == sms.Retryable {
 		log.WarnContext(ctx, "provider unreachable: the message waits for it, this call not counted as an attempt", "error", err)
-		s.awaitProvider(ctx, r, err.Error(), log)
+		s.uncounted(ctx, r, 0, "provider_unreachable", err.Error(), log)
 		return
 	}
 	switch class {
@@ -507,26 +507,18 @@ func (s *Sender) markFailed(ctx context.Context, r row, reason string, log *slog
 	s.transition(ctx, "FAILED", reason)
 }
 
-// awaitProvider puts r back to PENDING, due at once (the gate, not a
-// backoff, decides when it is claimed again), and takes back the attempt
-// its claim counted.
-func (s *Sender) awaitProvider(ctx context.Context, r row, lastErr string, log *slog.Logger) {
-	if err := s.fenced(ctx, r, `status = 'PENDING', attempts = attempts - 1, next_attempt_at = now(), last_error = $3`, lastErr); err != nil {
-		log.ErrorContext(ctx, "could not put back to PENDING", "error", err)
-		return
-	}
-	s.transition(ctx, "PENDING", "provider_unreachable")
-}
-
-// awaitCredential puts r back to PENDING, due after RetryMax, its attempt
-// not counted: the provider refused the credential, not the message.
-func (s *Sender) awaitCredential(ctx context.Context, r row, lastErr string, log *slog.Logger) {
+// uncounted puts r back to PENDING, due after wait, and takes back the
+// attempt its claim counted: the call was refused for something other than
+// the message (the provider down: wait 0, the gate decides when it is
+// claimed again; this service's credential refused: RetryMax). reason is
+// the transition's metric label.
+func (s *Sender) uncounted(ctx context.Context, r row, wait time.Duration, reason, lastErr string, log *slog.Logger) {
 	if err := s.fenced(ctx, r, `status = 'PENDING', attempts = attempts - 1, next_attempt_at = now() + $3::interval, last_error = $4`,
-		s.cfg.RetryMax, lastErr); err != nil {
+		wait, lastErr); err != nil {
 		log.ErrorContext(ctx, "could not put back to PENDING", "error", err)
 		return
 	}
-	s.transition(ctx, "PENDING", "credential_refused")
+	s.transition(ctx, "PENDING", reason)
 }
 
 // retryLater puts r back to PENDING with a backoff, or FAILED when it has

@@ -126,13 +126,14 @@ func New() *Server {
 var Needs = []service.Role{service.RoleRead, service.RoleAdmin, service.RoleSend}
 
 // Handler is the provider as its command serves it, every route but
-// /healthz, /readyz and /metrics behind a key (401 without one, 403 without the route's role):
-// the sender's API (send, lookup) needs the role send, as a real
-// provider's API wants the sender's credential; deliveries and GET
-// /v1/control need read; POST /v1/control and /v1/reset need admin. The
-// operator's routes come after access's rate limits. The sender's API has
-// none: the double answers as fast as it is asked, and a test that wants
-// it to refuse (429, 5xx) says so through POST /v1/control.
+// /healthz, /readyz and /metrics behind a key (401 without one, 403
+// without the route's role): the sender's API (send, lookup) needs the
+// role send, as a real provider's API wants the sender's credential;
+// deliveries and GET /v1/control need read; POST /v1/control and
+// /v1/reset need admin. The operator's routes come after access's rate
+// limits. The sender's API has none: the double answers as fast as it is
+// asked, and a test that wants it to refuse (429, 5xx) says so through
+// POST /v1/control.
 //
 // It is built on service.NewRouter, as the services are: request ids,
 // server spans continuing the sender's trace, access logs, JSON 404 and

@@ -451,22 +451,9 @@ func TestTheProviderServesHealthReadinessMetricsAndJSONErrorsForUnknownRoutes(t 
 			t.Errorf("GET %s without a key: %s, want 200", path, resp.Status)
 		}
 	}
-	for _, c := range []struct {
-		method, path string
-		status       int
-		code, allow  string
-	}{
-		{http.MethodGet, "/v1/nope", http.StatusNotFound, "not_found", ""},
-		{http.MethodDelete, "/v1/messages", http.StatusMethodNotAllowed, "method_not_allowed", "GET, POST"},
-		{http.MethodGet, "/v1/reset", http.StatusMethodNotAllowed, "method_not_allowed", "POST"},
-	} {
-		resp := send(t, c.method, srv.URL+c.path, "")
-		var b service.ErrorBody
-		err := json.NewDecoder(resp.Body).Decode(&b)
-		resp.Body.Close()
-		if resp.StatusCode != c.status || err != nil || b.Error.Code != c.code || resp.Header.Get("Allow") != c.allow {
-			t.Errorf("%s %s: %d %+v Allow %q (%v), want %d %s Allow %q", c.method, c.path, resp.StatusCode, b.Error,
-				resp.Header.Get("Allow"), err, c.status, c.code, c.allow)
-		}
-	}
+	testenv.RoutingErrors(t, srv.URL, "Bearer "+adminKey, []testenv.RoutingCase{
+		{Method: http.MethodGet, Path: "/v1/nope", Status: http.StatusNotFound, Code: "not_found"},
+		{Method: http.MethodDelete, Path: "/v1/messages", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "GET, POST"},
+		{Method: http.MethodGet, Path: "/v1/reset", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "POST"},
+	})
 }

@@ -22,10 +22,9 @@ var currencies = map[string]bool{"INR": true}
 // method confirmed server-side is configured (STRIPE_PAYMENT_METHOD).
 var methods = map[string]bool{"upi": true, "card": true, "netbanking": true, "wallet": true}
 
-// requestError is a 4xx answer to a bad request: nothing was written.
-type requestError = httpjson.Error
-
-func invalid(field, format string, args ...any) *requestError {
+// invalid is a 400 invalid_field answer to a bad request: nothing was
+// written.
+func invalid(field, format string, args ...any) *httpjson.Error {
 	return httpjson.Invalid("invalid_field", field, format, args...)
 }
 
@@ -49,7 +48,7 @@ type NewPayment struct {
 
 // parseCreate reads and validates a create request. Every error names the
 // offending field.
-func parseCreate(w http.ResponseWriter, r *http.Request) (NewPayment, *requestError) {
+func parseCreate(w http.ResponseWriter, r *http.Request) (NewPayment, *httpjson.Error) {
 	var req createRequest
 	if err := httpjson.Decode(w, r, &req); err != nil {
 		return NewPayment{}, err
@@ -88,7 +87,7 @@ func parseCreate(w http.ResponseWriter, r *http.Request) (NewPayment, *requestEr
 // always of the full amount, so it has no fields. The body may be empty.
 type refundRequest struct{}
 
-func parseRefund(w http.ResponseWriter, r *http.Request) (refundRequest, *requestError) {
+func parseRefund(w http.ResponseWriter, r *http.Request) (refundRequest, *httpjson.Error) {
 	var req refundRequest
 	return req, httpjson.DecodeOptional(w, r, &req)
 }
