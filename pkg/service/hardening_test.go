@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,6 +79,75 @@ func TestReadyzReportsEachChecksNameAndStatusAndLogsTheDetail(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "10.0.0.7:5432: connection refused") {
 		t.Errorf("the check's error was not logged: %s", logs.String())
+	}
+}
+
+// /readyz is open to anyone who can reach it, and its checks cost calls
+// to SQS and the database: a flood of probes runs them at most once per
+// service.ReadinessTTL, concurrent probes share the one evaluation, and a
+// change is seen once the TTL has passed.
+func TestReadyzFloodRunsTheChecksOncePerTTLAndSeesAChangeAfterIt(t *testing.T) {
+	var calls atomic.Int64
+	var failing atomic.Bool
+	r := service.NewRouter(slog.New(slog.DiscardHandler), nil, map[string]service.Check{
+		"sqs queue": func(context.Context) error {
+			calls.Add(1)
+			time.Sleep(20 * time.Millisecond) // a round trip: concurrent probes overlap it
+			if failing.Load() {
+				return errors.New("queue gone")
+			}
+			return nil
+		},
+	})
+	get := func() int {
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		return w.Code
+	}
+	var wg sync.WaitGroup
+	codes := make([]int, 200)
+	for i := range codes {
+		wg.Go(func() { codes[i] = get() })
+	}
+	wg.Wait()
+	for i, c := range codes {
+		if c != http.StatusOK {
+			t.Fatalf("probe %d: %d, want 200", i, c)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("200 concurrent probes ran the check %d times, want once", n)
+	}
+	failing.Store(true)
+	if c := get(); c != http.StatusOK || calls.Load() != 1 {
+		t.Errorf("a probe within the TTL: %d after %d checks, want the cached 200 and no new check", c, calls.Load())
+	}
+	time.Sleep(service.ReadinessTTL + 50*time.Millisecond)
+	if c := get(); c != http.StatusServiceUnavailable || calls.Load() != 2 {
+		t.Errorf("a probe after the TTL: %d after %d checks, want 503 from a second check", c, calls.Load())
+	}
+}
+
+// A probe whose client goes away mid-check does not leave a "failing"
+// behind for the next ones: the checks run on a context of their own.
+func TestReadyzCheckOutlivesTheProbeThatStartedIt(t *testing.T) {
+	r := service.NewRouter(slog.New(slog.DiscardHandler), nil, map[string]service.Check{
+		"database": func(ctx context.Context) error {
+			select {
+			case <-time.After(50 * time.Millisecond):
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(10 * time.Millisecond); cancel() }()
+	r.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/readyz", nil).WithContext(ctx))
+	w := httptest.NewRecorder()
+	r.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if w.Code != http.StatusOK {
+		t.Errorf("/readyz after an abandoned probe: %d %s, want 200", w.Code, w.Body)
 	}
 }
 

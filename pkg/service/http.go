@@ -26,7 +26,8 @@ type Check func(ctx context.Context) error
 // (named by route, e.g. "POST /v1/payments/{id}/refund"), panic recovery,
 // access logs, and the endpoints every service exposes: /healthz (the
 // process is up), /readyz (every check passes within 2 s; the body names
-// each check with "ok" or "failing", the error goes to the log) and
+// each check with "ok" or "failing", the error goes to the log; one
+// evaluation answers every probe for ReadinessTTL) and
 // /metrics. These three need no key.
 //
 // A path no route has is 404 not_found, a route asked with a method it
@@ -61,22 +62,7 @@ func NewRouter(log *slog.Logger, metrics http.Handler, checks map[string]Check) 
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	r.Get("/readyz", func(w http.ResponseWriter, req *http.Request) {
-		ctx, cancel := context.WithTimeout(req.Context(), 2*time.Second)
-		defer cancel()
-		status, code := map[string]string{}, http.StatusOK
-		for name, check := range checks {
-			if err := check(ctx); err != nil {
-				// The detail (a host, a driver's message) is for the log:
-				// the endpoint is open to anyone who can reach it.
-				log.WarnContext(req.Context(), "readiness check failing", "check", name, "error", err)
-				status[name], code = "failing", http.StatusServiceUnavailable
-			} else {
-				status[name] = "ok"
-			}
-		}
-		WriteJSON(w, code, status)
-	})
+	r.Method(http.MethodGet, "/readyz", &readiness{checks: checks, log: log})
 	if metrics != nil {
 		r.Method(http.MethodGet, "/metrics", metrics)
 	}
