@@ -40,6 +40,16 @@ func TestComposeFileBuildsChecksHealthAndStartsInOrder(t *testing.T) {
 			t.Errorf("service %s does not publish port %s", name, port)
 		}
 	}
+	// The demo publishes its ports on the host's loopback only: PostgreSQL
+	// with the password "postgres", the demo keys and stripe-mock are not
+	// for the host's network.
+	for name, svc := range p.Services {
+		for _, pc := range svc.Ports {
+			if pc.HostIP != "127.0.0.1" {
+				t.Errorf("service %s publishes port %s on %q, want 127.0.0.1 only", name, pc.Published, pc.HostIP)
+			}
+		}
+	}
 	for _, name := range []string{"payments", "rewards", "notifications"} {
 		svc := p.Services[name]
 		for _, dep := range []string{"postgres", "localstack"} {
