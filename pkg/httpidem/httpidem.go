@@ -22,6 +22,10 @@
 // commit together or not at all. Save is fenced by the attempt's lease, so
 // an attempt that outlived its lease and was taken over cannot commit too.
 //
+// An attempt that crashed and whose client never retries is finished by
+// Store.Resume (RunResume, a service task): it takes the key over after the
+// lease, as a retry would, and runs the operation with the stored request.
+//
 // Keys are kept for Config.Retention (24 h, as Stripe does) and then deleted
 // by Cleanup; a retry after that is a new request.
 //
@@ -153,7 +157,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	cfg.defaults()
 	c, err := otel.Meter(otelScope).Int64Counter(
 		"http_idempotency_requests_total",
-		metric.WithDescription("Requests carrying an Idempotency-Key, by outcome: executed, retried, replayed, in_flight, mismatch, released, lock_lost."))
+		metric.WithDescription("Requests carrying an Idempotency-Key, by outcome: executed, retried, replayed, in_flight, mismatch, released, lock_lost; and resumed: a crashed attempt taken over by Resume."))
 	if err != nil {
 		return nil, err
 	}
@@ -187,6 +191,11 @@ type Attempt struct {
 	status     int
 	body       []byte
 }
+
+// Scope is the Request.Scope of the key this attempt holds: what a Resume
+// operation reads to know which endpoint (and, in the scope, which client)
+// it is finishing.
+func (a *Attempt) Scope() string { return a.scope }
 
 // DB is what Save writes through: a pgx.Tx (normally) or a pool.
 type DB interface {
@@ -282,7 +291,7 @@ func (s *Store) Handle(w http.ResponseWriter, r *http.Request, req Request, op f
 	}
 	hash := sha256.Sum256(fp)
 	ctx := r.Context()
-	a, saved, err := s.begin(ctx, req, key, hash[:])
+	a, saved, err := s.begin(ctx, req, key, fp, hash[:])
 	switch {
 	case errors.Is(err, ErrMismatch):
 		s.count(ctx, "mismatch")
@@ -352,7 +361,7 @@ type savedResponse struct {
 
 // begin claims the key (INSERT first), or explains why not: a saved
 // response, ErrMismatch, ErrInFlight; or takes over an unfinished attempt.
-func (s *Store) begin(ctx context.Context, req Request, key string, hash []byte) (*Attempt, *savedResponse, error) {
+func (s *Store) begin(ctx context.Context, req Request, key string, fingerprint, hash []byte) (*Attempt, *savedResponse, error) {
 	for range 5 {
 		token := uuid.New()
 		var resource *string
@@ -360,9 +369,9 @@ func (s *Store) begin(ctx context.Context, req Request, key string, hash []byte)
 			id := req.NewResourceID()
 			resource = &id
 		}
-		tag, err := s.pool.Exec(ctx, `INSERT INTO idempotency_keys (scope, key, request_hash, resource_id, lock_token, locked_at)
-			VALUES ($1, $2, $3, $4, $5, now()) ON CONFLICT (scope, key) DO NOTHING`,
-			req.Scope, key, hash, resource, token)
+		tag, err := s.pool.Exec(ctx, `INSERT INTO idempotency_keys (scope, key, request_hash, request, resource_id, lock_token, locked_at)
+			VALUES ($1, $2, $3, $4, $5, $6, now()) ON CONFLICT (scope, key) DO NOTHING`,
+			req.Scope, key, hash, fingerprint, resource, token)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -472,6 +481,103 @@ func (s *Store) Cleanup(ctx context.Context) (int64, error) {
 		total += n
 		if n < 1000 {
 			return total, nil
+		}
+	}
+}
+
+// Resume finishes, without their clients, the operations whose attempt
+// crashed: no response saved and a lease that expired without being
+// released (the process died, or hung past its lease, mid-operation). Each
+// is taken over as a client's retry would take it (fenced: a stale attempt
+// that wakes up cannot Save, and of several Resume calls, in this process
+// or another, one gets each key) and op runs with the same Attempt a retry
+// would get, the same ResourceID, and the request the first attempt was
+// given (Request.Fingerprint's JSON). op saves and commits as in Handle; the
+// client's retry, whenever it comes, is then a replay.
+//
+// This is what closes a crash between an external call and the commit of
+// its effect (a card charged, no payment recorded) when the client never
+// retries: op repeats the call under the same provider key, which answers
+// with the first call's result, and records it. Keys older than maxAge are
+// left alone: pass the provider's own key window, less a margin (Stripe
+// keeps keys 24 h), since a call repeated after it would be a new one.
+//
+// A key whose attempt failed cleanly (an *Error: the lease released, its
+// client told to retry) is the client's to retry, and is not resumed. An op
+// that fails keeps the lease until it expires, as a crash would: the next
+// Resume tries again, and a client's retry meanwhile gets 409. Resume
+// returns how many operations it finished; op runs with the deadline Handle
+// gives it, and is not cancelled with ctx.
+func (s *Store) Resume(ctx context.Context, maxAge time.Duration, op func(ctx context.Context, a *Attempt, request []byte) error) (int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT scope, key FROM idempotency_keys
+		WHERE response_code IS NULL AND locked_at <= now() - $1::interval AND request IS NOT NULL
+		  AND created_at > now() - $2::interval
+		ORDER BY created_at LIMIT 100`, s.cfg.LockTimeout, maxAge)
+	if err != nil {
+		return 0, fmt.Errorf("httpidem: resume: %w", err)
+	}
+	type scopedKey struct{ Scope, Key string }
+	keys, err := pgx.CollectRows(rows, pgx.RowToStructByPos[scopedKey])
+	if err != nil {
+		return 0, fmt.Errorf("httpidem: resume: %w", err)
+	}
+	finished := 0
+	for _, k := range keys {
+		if ctx.Err() != nil {
+			break
+		}
+		token := uuid.New()
+		var (
+			resource *string
+			attempts int
+			request  []byte
+		)
+		err := s.pool.QueryRow(ctx, `UPDATE idempotency_keys
+			SET lock_token = $3, locked_at = now(), attempts = attempts + 1
+			WHERE scope = $1 AND key = $2 AND response_code IS NULL AND locked_at <= now() - $4::interval
+			RETURNING resource_id, attempts, request`,
+			k.Scope, k.Key, token, s.cfg.LockTimeout).Scan(&resource, &attempts, &request)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // finished, retried or resumed elsewhere since the SELECT
+		}
+		if err != nil {
+			return finished, fmt.Errorf("httpidem: resume: %w", err)
+		}
+		a := &Attempt{ResourceID: deref(resource), Number: attempts, scope: k.Scope, key: k.Key, token: token}
+		s.count(ctx, "resumed")
+		log := s.log.With("scope", k.Scope, "attempt", a.Number, "resource_id", a.ResourceID)
+		log.Warn("idempotency: resuming an operation whose attempt crashed, without its client")
+		opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.LockTimeout*3/4)
+		err = op(opCtx, a, request)
+		cancel()
+		switch {
+		case err == nil && a.body == nil:
+			log.Error("idempotency: resumed operation returned without saving a response; tried again after the lease")
+		case err == nil:
+			finished++
+			log.Info("idempotency: resumed operation finished", "status", a.status)
+		default:
+			log.Warn("idempotency: resumed operation failed; tried again after the lease", "error", err)
+		}
+	}
+	return finished, nil
+}
+
+// RunResume runs Resume(maxAge, op) every LockTimeout until ctx ends; it
+// returns nil then (a service.Task).
+func (s *Store) RunResume(maxAge time.Duration, op func(ctx context.Context, a *Attempt, request []byte) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		t := time.NewTicker(s.cfg.LockTimeout)
+		defer t.Stop()
+		for {
+			if _, err := s.Resume(ctx, maxAge, op); err != nil && ctx.Err() == nil {
+				s.log.Error("idempotency: resume failed", "error", err)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,5 +144,148 @@ func TestKeyValidation(t *testing.T) {
 	}
 	if _, err := httpidem.KeyFrom(httptest.NewRequest(http.MethodPost, "/", nil)); !errors.Is(err, httpidem.ErrKeyMissing) {
 		t.Errorf("no header: %v", err)
+	}
+}
+
+// crashHandler answers POST /things with Handle, whose op crashes its first
+// attempt (ErrAbandon: no response, the lease left to expire) and saves
+// 201 {"by": ...} on any later one.
+func crashHandler(s *httpidem.Store, pool *pgxpool.Pool, ran *atomic.Int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.Handle(w, r, httpidem.Request{Scope: "client POST /things", Fingerprint: map[string]int{"amount": 42},
+			NewResourceID: func() string { return "thing_1" }},
+			func(ctx context.Context, a *httpidem.Attempt) error {
+				ran.Add(1)
+				if a.Number == 1 {
+					return httpidem.ErrAbandon
+				}
+				return a.Save(ctx, pool, http.StatusCreated, map[string]string{"by": "client"})
+			})
+	})
+}
+
+// crash sends a request whose attempt crashes, through a real server (which
+// absorbs the handler's abort as a crashed process would drop the
+// connection).
+func crash(t *testing.T, h http.Handler, key string) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/things", strings.NewReader("{}"))
+	req.Header.Set(httpidem.HeaderKey, key)
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	if resp, err := c.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the crashed attempt answered %d", resp.StatusCode)
+	}
+}
+
+// An attempt that crashed (no response, lease expired) is finished by
+// Resume without its client: the operation runs again with the same
+// resource id and the request it was given, once however many Resume calls
+// race, and the client's retry then gets the saved response. A lease still
+// held, a key released by a failed attempt, a finished key and a key older
+// than maxAge are left alone.
+func TestResumeFinishesACrashedAttemptOnceWithoutItsClient(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	s, pool := newStore(t, httpidem.Config{LockTimeout: lease})
+	ctx := context.Background()
+	var ran atomic.Int64
+	h := crashHandler(s, pool, &ran)
+	crash(t, h, "k")
+
+	var resumed atomic.Int64
+	resume := func(ctx context.Context, a *httpidem.Attempt, request []byte) error {
+		resumed.Add(1)
+		if a.ResourceID != "thing_1" || a.Number != 2 || a.Scope() != "client POST /things" || string(request) != `{"amount":42}` {
+			t.Errorf("resumed attempt: resource %q number %d scope %q request %s; want thing_1, 2, the key's scope and the first request",
+				a.ResourceID, a.Number, a.Scope(), request)
+		}
+		time.Sleep(50 * time.Millisecond) // racing Resume calls overlap
+		return a.Save(ctx, pool, http.StatusCreated, map[string]string{"by": "resume"})
+	}
+	if n, err := s.Resume(ctx, time.Hour, resume); err != nil || n != 0 {
+		t.Fatalf("Resume within the lease = %d, %v; want 0: the attempt may still be running", n, err)
+	}
+	time.Sleep(lease + 50*time.Millisecond)
+	var wg sync.WaitGroup
+	var total atomic.Int64
+	for range 4 {
+		wg.Go(func() {
+			n, err := s.Resume(ctx, time.Hour, resume)
+			if err != nil {
+				t.Errorf("Resume: %v", err)
+			}
+			total.Add(int64(n))
+		})
+	}
+	wg.Wait()
+	if total.Load() != 1 || resumed.Load() != 1 {
+		t.Fatalf("4 racing Resume calls resumed %d keys and ran the operation %d times, want 1 and 1", total.Load(), resumed.Load())
+	}
+	if w := post(t, h, "k"); w.Code != http.StatusCreated || !strings.Contains(w.Body.String(), "resume") || w.Header().Get(httpidem.HeaderReplayed) != "true" {
+		t.Errorf("the client's retry: %d %s, want the resumed 201 replayed", w.Code, w.Body)
+	}
+	if ran.Load() != 1 {
+		t.Errorf("the client's handler ran %d times, want once (the crash)", ran.Load())
+	}
+	if n, err := s.Resume(ctx, time.Hour, resume); err != nil || n != 0 {
+		t.Errorf("Resume of a finished key = %d, %v; want 0", n, err)
+	}
+
+	// Left alone: a key released by a failed attempt (its client was told
+	// to retry) and a crashed key older than maxAge.
+	failing := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.Handle(w, r, httpidem.Request{Scope: "client POST /things", Fingerprint: 1},
+			func(context.Context, *httpidem.Attempt) error {
+				return &httpidem.Error{Status: 502, Code: "provider", Message: "retry"}
+			})
+	})
+	if w := post(t, failing, "released"); w.Code != 502 {
+		t.Fatalf("failing attempt: %d %s", w.Code, w.Body)
+	}
+	crash(t, h, "old")
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() - interval '2 hours' WHERE key = 'old'`); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(lease + 50*time.Millisecond)
+	if n, err := s.Resume(ctx, time.Hour, resume); err != nil || n != 0 || resumed.Load() != 1 {
+		t.Errorf("Resume with a released key and one past maxAge = %d, %v (operation run %d times); want 0 and no run", n, err, resumed.Load())
+	}
+}
+
+// An operation that fails when resumed keeps its lease until it expires,
+// as a crash would: the next Resume tries it again, and a client retry in
+// the meantime is told the request is in flight.
+func TestResumeThatFailsIsTriedAgainAfterTheLease(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	s, pool := newStore(t, httpidem.Config{LockTimeout: lease})
+	ctx := context.Background()
+	var ran atomic.Int64
+	h := crashHandler(s, pool, &ran)
+	crash(t, h, "k")
+	time.Sleep(lease + 50*time.Millisecond)
+
+	calls := 0
+	resume := func(ctx context.Context, a *httpidem.Attempt, _ []byte) error {
+		calls++
+		if calls == 1 {
+			return errors.New("provider down")
+		}
+		return a.Save(ctx, pool, http.StatusCreated, map[string]string{"by": "resume"})
+	}
+	if n, err := s.Resume(ctx, time.Hour, resume); err != nil || n != 0 || calls != 1 {
+		t.Fatalf("failing Resume = %d, %v after %d calls; want 0 finished, 1 call", n, err, calls)
+	}
+	if w := post(t, h, "k"); w.Code != http.StatusConflict {
+		t.Errorf("client retry while the failed resume holds the lease: %d %s, want 409", w.Code, w.Body)
+	}
+	time.Sleep(lease + 50*time.Millisecond)
+	if n, err := s.Resume(ctx, time.Hour, resume); err != nil || n != 1 || calls != 2 {
+		t.Fatalf("second Resume = %d, %v after %d calls; want 1 finished, 2 calls", n, err, calls)
+	}
+	var code int
+	if err := pool.QueryRow(ctx, `SELECT response_code FROM idempotency_keys WHERE key = 'k'`).Scan(&code); err != nil || code != http.StatusCreated {
+		t.Errorf("saved response %d, %v; want 201", code, err)
 	}
 }

@@ -28,11 +28,13 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"reflect"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
@@ -172,6 +174,29 @@ func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment
 		s.log.Info("payment succeeded", "payment_id", a.ResourceID, "provider_ref", intentID, "attempt", a.Number)
 	}
 	return err
+}
+
+// Resume finishes a payment or a refund whose attempt crashed before it
+// was recorded, for httpidem.Store.Resume: the same Stripe call under the
+// same key (pi:<payment id>, refund:<payment id>), which answers with the
+// crashed call's result if it got through, then the same commit, as the
+// client's retry would have done. The client is in the key's scope, the
+// payment in its path, the payment's fields in the stored request.
+func (s *Server) Resume(ctx context.Context, a *httpidem.Attempt, request []byte) error {
+	client, endpoint, _ := strings.Cut(a.Scope(), " ")
+	if endpoint == "POST /v1/payments" {
+		var req NewPayment
+		if err := json.Unmarshal(request, &req); err != nil {
+			return fmt.Errorf("resume %s: stored request: %w", a.Scope(), err)
+		}
+		return s.charge(ctx, a, req, client)
+	}
+	if rest, ok := strings.CutPrefix(endpoint, "POST /v1/payments/"); ok {
+		if id, ok := strings.CutSuffix(rest, "/refund"); ok && events.ValidID(id) {
+			return s.refundPayment(ctx, a, client, id)
+		}
+	}
+	return fmt.Errorf("resume: scope %q is no endpoint of this service", a.Scope())
 }
 
 // paymentID is the request's {id}, or "" when it cannot name a payment:

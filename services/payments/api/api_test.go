@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/payments-cashback/pkg/failpoint"
+	"github.com/effectively-once/payments-cashback/pkg/httpidem"
 	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/effectively-once/payments-cashback/services/payments/api"
 	"github.com/effectively-once/payments-cashback/services/payments/store"
@@ -309,6 +310,75 @@ func TestCrashAfterChargeBeforeCommitRetryReusesTheStripeKey(t *testing.T) {
 	}
 	if n := e.count("SELECT attempts FROM idempotency_keys WHERE key = 'k-1'"); n != 2 {
 		t.Errorf("attempts = %d, want 2", n)
+	}
+}
+
+// The same crash, and the client never retries: Resume (the service's
+// resume task) finishes the payment after the lease, under the same Stripe
+// key, with the request the crashed attempt was given. The card charged in
+// the crashed attempt is recorded; the client's retry, when it comes, is a
+// replay of that payment. A refund that crashed the same way is finished too.
+func TestCrashAfterChargeBeforeCommitIsFinishedByResumeWithoutTheClient(t *testing.T) {
+	const lease = 500 * time.Millisecond
+	e := newEnv(t, lease)
+	ctx := context.Background()
+	noReuse := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	disable := failpoint.Enable(api.AfterChargeBeforeCommit, 1)
+	_, err := e.try(noReuse, http.MethodPost, "/v1/payments", "k-1", validBody)
+	disable()
+	if err == nil {
+		t.Fatal("the crashed request got a response")
+	}
+	var paymentID string
+	if err := e.pool.QueryRow(ctx, `SELECT resource_id FROM idempotency_keys WHERE key = 'k-1'`).Scan(&paymentID); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(lease + 100*time.Millisecond)
+	if n, err := e.keys.Resume(ctx, time.Hour, e.srv.Resume); err != nil || n != 1 {
+		t.Fatalf("Resume = %d, %v; want the crashed payment finished", n, err)
+	}
+	var user string
+	var amount int64
+	if err := e.pool.QueryRow(ctx, `SELECT user_id, amount_paise FROM payments WHERE id = $1 AND client = 'web'`, paymentID).Scan(&user, &amount); err != nil {
+		t.Fatalf("payment %s after Resume: %v", paymentID, err)
+	}
+	if user != "u_17" || amount != 120000 {
+		t.Errorf("resumed payment is %s %d paise, want the crashed request's u_17 120000", user, amount)
+	}
+	if n := len(e.outbox()); n != 1 {
+		t.Errorf("%d outbox rows after Resume, want 1 (its PaymentSucceeded)", n)
+	}
+	charges := e.stripe.callsTo(chargesPath)
+	if len(charges) != 2 || charges[0].Key != "pi:"+paymentID || charges[1].Key != "pi:"+paymentID {
+		t.Errorf("stripe calls %+v, want 2 under pi:%s (the crashed attempt and the resume)", charges, paymentID)
+	}
+	r := e.create("k-1", validBody)
+	if r.status != http.StatusCreated || r.header.Get(httpidem.HeaderReplayed) != "true" || r.payment(t).ID != paymentID {
+		t.Errorf("the client's late retry: %d %s, want the resumed payment %s replayed", r.status, r.body, paymentID)
+	}
+	if n := len(e.stripe.callsTo(chargesPath)); n != 2 {
+		t.Errorf("%d stripe charges after the replay, want still 2", n)
+	}
+
+	// A refund whose attempt crashed the same way (its key claimed, its
+	// lease expired, no response) is finished too: refunded once, under
+	// Stripe's refund:<id> key, with its PaymentRefunded event.
+	if _, err := e.pool.Exec(ctx, `INSERT INTO idempotency_keys (scope, key, request_hash, request, lock_token, locked_at)
+		VALUES ('web POST /v1/payments/' || $1 || '/refund', 'r-1', '\x00', '{}', gen_random_uuid(), now() - interval '1 hour')`, paymentID); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.keys.Resume(ctx, time.Hour, e.srv.Resume); err != nil || n != 1 {
+		t.Fatalf("Resume of the crashed refund = %d, %v; want 1", n, err)
+	}
+	var status string
+	if err := e.pool.QueryRow(ctx, `SELECT status FROM payments WHERE id = $1`, paymentID).Scan(&status); err != nil || status != "REFUNDED" {
+		t.Errorf("payment after the resumed refund: %q, %v; want REFUNDED", status, err)
+	}
+	if refunds := e.stripe.callsTo(refundsPath); len(refunds) != 1 || refunds[0].Key != "refund:"+paymentID {
+		t.Errorf("stripe refund calls %+v, want one under refund:%s", refunds, paymentID)
+	}
+	if n := len(e.outbox()); n != 2 {
+		t.Errorf("%d outbox rows after the resumed refund, want 2", n)
 	}
 }
 

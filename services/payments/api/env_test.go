@@ -107,6 +107,8 @@ type env struct {
 	stripe *stripeProxy
 	url    string
 	client *http.Client
+	keys   *httpidem.Store
+	srv    *api.Server
 }
 
 func newEnv(t *testing.T, lockTimeout time.Duration) *env {
@@ -142,11 +144,11 @@ func newEnvWith(t *testing.T, lockTimeout time.Duration, ratePerSecond int, serv
 	router := service.NewRouter(quiet, nil, nil)
 	srv.Routes(router)
 	if serve != nil {
-		return &env{t: t, pool: pool, stripe: proxy, url: serve(router), client: http.DefaultClient}
+		return &env{t: t, pool: pool, stripe: proxy, url: serve(router), client: http.DefaultClient, keys: keys, srv: srv}
 	}
 	hs := httptest.NewServer(router)
 	t.Cleanup(hs.Close)
-	return &env{t: t, pool: pool, stripe: proxy, url: hs.URL, client: hs.Client()}
+	return &env{t: t, pool: pool, stripe: proxy, url: hs.URL, client: hs.Client(), keys: keys, srv: srv}
 }
 
 // The test clients' API keys; requests go as "web" unless they say.

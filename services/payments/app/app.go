@@ -161,6 +161,7 @@ func Build(ctx context.Context, cfg Config, d service.Deps) (service.App, error)
 		wake := outbox.NewNotifier(d.Pool, outbox.NotifierConfig{Logger: log})
 		srv.WakeRelays(wake)
 		tasks = append(tasks, service.Task{Name: "idempotency key cleanup", Run: keys.RunCleanup},
+			service.Task{Name: "idempotency resume (crashed payments and refunds)", Run: keys.RunResume(provider.KeyWindow, srv.Resume)},
 			service.Task{Name: "outbox wake-up (NOTIFY after commit)", Run: wake.Run})
 	}
 	if cfg.relay() {

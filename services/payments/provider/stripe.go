@@ -37,6 +37,12 @@ func ChargeKey(paymentID string) string { return "pi:" + paymentID }
 // requests with different API keys still make one Stripe refund.
 func RefundKey(paymentID string) string { return "refund:" + paymentID }
 
+// KeyWindow is how long after a first call its ChargeKey or RefundKey
+// may be repeated and still get the first call's result: Stripe keeps
+// idempotency keys for at least 24 hours; an hour is left as margin. A
+// call repeated later could be a new charge.
+const KeyWindow = 23 * time.Hour
+
 // Config configures Stripe.
 type Config struct {
 	URL           string        // API base URL: https://api.stripe.com, or stripe-mock's
