@@ -89,6 +89,9 @@ var (
 	// ErrKeyMissing and ErrKeyInvalid: 400, nothing written.
 	ErrKeyMissing = errors.New("the Idempotency-Key header is required")
 	ErrKeyInvalid = fmt.Errorf("the Idempotency-Key header must be 1 to %d printable ASCII characters", MaxKeyLen)
+	// ErrKeyRepeated: the header came more than once (400, code
+	// idempotency_key_invalid): which of them is the key is not guessed.
+	ErrKeyRepeated = errors.New("the Idempotency-Key header was sent more than once; send exactly one")
 	// ErrMismatch: the key was used with a different request: 422.
 	ErrMismatch = errors.New("this Idempotency-Key was already used with a different request")
 	// ErrInFlight: another request with the key is running: 409.
@@ -248,8 +251,11 @@ func KeyFrom(r *http.Request) (string, error) {
 	if len(vals) == 0 || vals[0] == "" {
 		return "", ErrKeyMissing
 	}
+	if len(vals) > 1 {
+		return "", ErrKeyRepeated
+	}
 	k := vals[0]
-	if len(vals) > 1 || len(k) > MaxKeyLen {
+	if len(k) > MaxKeyLen {
 		return "", ErrKeyInvalid
 	}
 	for _, c := range k {
@@ -262,7 +268,7 @@ func KeyFrom(r *http.Request) (string, error) {
 
 func writeKeyError(w http.ResponseWriter, err error) {
 	code := "idempotency_key_missing"
-	if errors.Is(err, ErrKeyInvalid) {
+	if errors.Is(err, ErrKeyInvalid) || errors.Is(err, ErrKeyRepeated) {
 		code = "idempotency_key_invalid"
 	}
 	errs.Write(w, http.StatusBadRequest, code, HeaderKey, err.Error())

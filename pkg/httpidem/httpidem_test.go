@@ -145,6 +145,19 @@ func TestKeyValidation(t *testing.T) {
 	if _, err := httpidem.KeyFrom(httptest.NewRequest(http.MethodPost, "/", nil)); !errors.Is(err, httpidem.ErrKeyMissing) {
 		t.Errorf("no header: %v", err)
 	}
+	// Two headers, each valid: the answer says what is wrong (two), not
+	// that a key has the wrong characters.
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Header.Add(httpidem.HeaderKey, "a")
+	r.Header.Add(httpidem.HeaderKey, "b")
+	if _, err := httpidem.KeyFrom(r); !errors.Is(err, httpidem.ErrKeyRepeated) || !strings.Contains(err.Error(), "one") {
+		t.Errorf("two Idempotency-Key headers: %v, want ErrKeyRepeated", err)
+	}
+	w := httptest.NewRecorder()
+	httpidem.RequireKey(http.NotFoundHandler()).ServeHTTP(w, r)
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), `"idempotency_key_invalid"`) || !strings.Contains(w.Body.String(), "exactly one") {
+		t.Errorf("two headers answered %d %s, want 400 idempotency_key_invalid saying to send exactly one", w.Code, w.Body)
+	}
 }
 
 // crashHandler answers POST /things with Handle, whose op crashes its first
