@@ -231,3 +231,44 @@ func TestSIGTERMToPaymentsUnderLoadAnswersWhatItBeganAndARetryWithTheSameKeyMake
 		t.Errorf("wallet of %s = %d paise, want %d (2%% of ₹100, %d times)", user, b, w, len(tries))
 	}
 }
+
+// Scenario 19c. SIGTERM to notifications while its call to the SMS
+// provider hangs (3 s): the drain waits for the call, records SENT and
+// exits 0. Nothing is left SENDING for a reconciler to look up after the
+// restart, and the provider saw one request.
+func TestSIGTERMDuringAHangingSMSCallWaitsForItRecordsSentAndExitsZero(t *testing.T) {
+	l := local(t)
+	restartWith(t, "notifications")
+	smsControl(t, map[string]any{"hang_ms": 3000, "hang_next": 1, "hang_after_accept": false})
+	t.Cleanup(func() { smsControl(t, map[string]any{"hang_next": 0}) })
+
+	user := id("u_e2e19c")
+	p := pay(t, user, 120000)
+	waitCredits(t, p.ID, 1)
+	ce := outboxEventID(t, s.rewDB, p.ID, contract.CashbackCredited)
+	eventually(t, 30*time.Second, func() (bool, string) {
+		n, ok := notificationOf(t, ce)
+		return ok && n.Status == "SENDING", fmt.Sprintf("notification of %s: %+v (found %v), want SENDING (the call hanging)", ce, n, ok)
+	})
+	t0 := time.Now()
+	if err := l.Stop("notifications"); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	st := l.ExitState("notifications")
+	if st == nil || !st.Exited() || st.ExitCode() != 0 {
+		t.Fatalf("notifications after SIGTERM: %v after %v; want a clean exit (status 0); see %s", st, took, l.LogPath("notifications"))
+	}
+	n, ok := notificationOf(t, ce)
+	if !ok || n.Status != "SENT" || n.Attempts != 1 {
+		t.Fatalf("after the drain the notification is %+v (found %v), want SENT after 1 call: the hanging call was cut off", n, ok)
+	}
+	t.Logf("notifications drained the hanging call and exited in %v", took.Round(time.Millisecond))
+	if err := l.Start("notifications"); err != nil {
+		t.Fatal(err)
+	}
+	smsOnce(t, ce, 1)
+	if b := walletBalance(t, user); b != 2400 {
+		t.Errorf("wallet of %s = %d paise, want 2400", user, b)
+	}
+}
