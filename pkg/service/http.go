@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -57,7 +58,8 @@ func NewRouter(log *slog.Logger, metrics http.Handler, checks map[string]Check) 
 			fmt.Sprintf("this route does not take %s; it takes %s", req.Method, strings.Join(allowed, ", ")))
 	})
 	r.Use(requestID, echoRequestID,
-		otelhttp.NewMiddleware("http", otelhttp.WithFilter(func(r *http.Request) bool { return !probe(r.URL.Path) })),
+		otelhttp.NewMiddleware("http", otelhttp.WithFilter(func(r *http.Request) bool { return !probe(r.URL.Path) }),
+			otelhttp.WithServerName(serverName())),
 		nameSpanByRoute, middleware.Recoverer, accessLog(log))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -67,6 +69,19 @@ func NewRouter(log *slog.Logger, metrics http.Handler, checks map[string]Check) 
 		r.Method(http.MethodGet, "/metrics", metrics)
 	}
 	return r
+}
+
+// serverName is the server.address of the HTTP spans and metrics: this
+// host's name, never the request's Host header, which the caller chooses
+// (every made-up Host would otherwise be a new series of every HTTP metric).
+// The port 0 keeps otelhttp from taking server.port from the Host header
+// too; the listening port is in the process's configuration.
+func serverName() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "localhost"
+	}
+	return h + ":0"
 }
 
 // probe reports whether path is a health, readiness or metrics endpoint:
