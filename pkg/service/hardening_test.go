@@ -223,3 +223,45 @@ func TestListenAddrBindsLoopbackUnlessTold(t *testing.T) {
 		}
 	}
 }
+
+// A handler that panics is answered like any internal error: 500 in the
+// JSON error shape with the request's id, no panic text; the panic and its
+// stack go to the log under that id. http.ErrAbortHandler still aborts
+// the response (the server drops the connection), as net/http means it to.
+func TestAPanickingHandlerIsAJSON500WithTheRequestIDAndTheStackIsLogged(t *testing.T) {
+	var logs bytes.Buffer
+	log := slog.New(service.NewContextHandler(&logs, slog.LevelInfo))
+	r := service.NewRouter(log, nil, nil)
+	r.Get("/v1/boom", func(http.ResponseWriter, *http.Request) { panic("secret detail: dial 10.0.0.7") })
+	r.Get("/v1/abort", func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) })
+
+	req := httptest.NewRequest(http.MethodGet, "/v1/boom", nil)
+	req.Header.Set("X-Request-Id", "req-panic-1")
+	w := httptest.NewRecorder()
+	r.ServeHTTP(w, req)
+	body := w.Body.String()
+	if w.Code != http.StatusInternalServerError || w.Header().Get("Content-Type") != "application/json" ||
+		!strings.Contains(body, `"code":"internal"`) || !strings.Contains(body, `"request_id":"req-panic-1"`) {
+		t.Errorf("panic answered %d %q %s, want 500 JSON with code internal and the request id", w.Code, w.Header().Get("Content-Type"), body)
+	}
+	if strings.Contains(body, "secret") || strings.Contains(body, "10.0.0.7") || strings.Contains(body, "goroutine") {
+		t.Errorf("the body carries the panic: %s", body)
+	}
+	var line string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "secret detail") {
+			line = l
+		}
+	}
+	if line == "" || !strings.Contains(line, `"request_id":"req-panic-1"`) || !strings.Contains(line, "hardening_test.go") {
+		t.Errorf("no log line with the panic, the request id and the stack: %q (all logs: %s)", line, logs.String())
+	}
+
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/v1/abort")
+	if err == nil {
+		resp.Body.Close()
+		t.Errorf("ErrAbortHandler answered %d, want the connection dropped", resp.StatusCode)
+	}
+}

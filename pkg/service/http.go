@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -60,7 +61,7 @@ func NewRouter(log *slog.Logger, metrics http.Handler, checks map[string]Check) 
 	r.Use(requestID, echoRequestID,
 		otelhttp.NewMiddleware("http", otelhttp.WithFilter(func(r *http.Request) bool { return !probe(r.URL.Path) }),
 			otelhttp.WithServerName(serverName())),
-		nameSpanByRoute, middleware.Recoverer, accessLog(log))
+		nameSpanByRoute, accessLog(log), recoverPanics(log))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -69,6 +70,30 @@ func NewRouter(log *slog.Logger, metrics http.Handler, checks map[string]Check) 
 		r.Method(http.MethodGet, "/metrics", metrics)
 	}
 	return r
+}
+
+// recoverPanics answers a handler's panic as InternalError answers any
+// internal error: 500 in the JSON error shape with the request's id, the
+// panic and its stack in the log under that id, none of it in the body. It
+// runs inside the access log, which then records the 500.
+// http.ErrAbortHandler is let through: it asks the server to drop the
+// connection without an answer (httpidem's simulated crash does).
+func recoverPanics(log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer func() {
+				v := recover()
+				if v == nil {
+					return
+				}
+				if v == http.ErrAbortHandler { //nolint:errorlint // net/http compares it so
+					panic(v)
+				}
+				InternalError(w, r, log, "handler panicked", fmt.Errorf("panic: %v\n%s", v, debug.Stack()))
+			}()
+			next.ServeHTTP(w, r)
+		})
+	}
 }
 
 // serverName is the server.address of the HTTP spans and metrics: this
