@@ -40,6 +40,7 @@ import (
 	"reflect"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/effectively-once/payments-cashback/pkg/errs"
 	"github.com/effectively-once/payments-cashback/pkg/events"
@@ -121,6 +122,7 @@ func Unmarshal(body []byte, dst any) *Error {
 	if name, dup := events.DuplicateField(body); dup {
 		// encoding/json keeps the last value silently; a client (or a proxy
 		// in the middle) may have meant the first.
+		name = cutName(name)
 		return &Error{http.StatusBadRequest, "duplicate_field", name, fmt.Sprintf("field %q given twice", name)}
 	}
 	v := reflect.ValueOf(dst)
@@ -131,6 +133,7 @@ func Unmarshal(body []byte, dst any) *Error {
 	known := jsonFields(v.Type())
 	for name := range fields {
 		if _, ok := known[name]; !ok {
+			name = cutName(name)
 			return &Error{http.StatusBadRequest, "unknown_field", name, fmt.Sprintf("unknown field %q", name)}
 		}
 	}
@@ -212,6 +215,22 @@ func tooDeep(body []byte) bool {
 	return false
 }
 
+// MaxFieldName bounds a field name an error repeats: a name the caller
+// made up (an unknown or repeated field) is cut to its first MaxFieldName
+// bytes, on a character boundary, so a 60 KB key is not sent back.
+const MaxFieldName = 64
+
+func cutName(name string) string {
+	if len(name) <= MaxFieldName {
+		return name
+	}
+	cut := MaxFieldName
+	for cut > 0 && !utf8.RuneStart(name[cut]) {
+		cut--
+	}
+	return name[:cut]
+}
+
 // typeError is the answer to field's value not decoding into a t. Only
 // the JSON kind of the value is named, never the value itself.
 func typeError(field string, t reflect.Type, err error) *Error {
@@ -219,7 +238,7 @@ func typeError(field string, t reflect.Type, err error) *Error {
 	var typ *json.UnmarshalTypeError
 	if errors.As(err, &typ) {
 		if typ.Field != "" { // inside an object: the path below field
-			field += "." + typ.Field
+			field = cutName(field + "." + typ.Field)
 		}
 		t = typ.Type
 		word, literal, _ := strings.Cut(typ.Value, " ")

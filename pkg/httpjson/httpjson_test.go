@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/effectively-once/payments-cashback/pkg/errs"
 	"github.com/effectively-once/payments-cashback/pkg/httpjson"
@@ -118,5 +119,25 @@ func TestAGoodBodyFillsTheStructAndAnOptionalOneMayBeEmpty(t *testing.T) {
 	}
 	if w, _ := serve(t, `{"x":1}`, true); w.Code != http.StatusBadRequest {
 		t.Errorf("optional body with an unknown field: %d %s, want 400", w.Code, w.Body)
+	}
+}
+
+// A made-up field name is repeated in at most MaxFieldName bytes, cut on
+// a character boundary, in the message and in the error's field.
+func TestAnUnknownOrRepeatedFieldIsNamedInAtMost64BytesOfValidUTF8(t *testing.T) {
+	long := strings.Repeat("é", 100) // 200 bytes, 2 per character
+	for _, body := range []string{`{"` + long + `":1}`, `{"` + long + `":1,"` + long + `":2}`} {
+		w, _ := serve(t, body, false)
+		var b errs.Body
+		if err := json.Unmarshal(w.Body.Bytes(), &b); err != nil {
+			t.Fatal(err)
+		}
+		f := b.Error.Field
+		if len(f) > httpjson.MaxFieldName || len(f) < httpjson.MaxFieldName-1 || !utf8.ValidString(f) || !strings.HasPrefix(long, f) {
+			t.Errorf("field %q (%d bytes), want the name's first %d bytes or one less, valid UTF-8", f, len(f), httpjson.MaxFieldName)
+		}
+		if strings.Contains(b.Error.Message, long[:100]) {
+			t.Errorf("message repeats more than %d bytes of the name: %s", httpjson.MaxFieldName, b.Error.Message)
+		}
 	}
 }

@@ -125,6 +125,36 @@ func TestHostileRequestsGetTheRight4xxAndWriteNothing(t *testing.T) {
 	e.assertNothingWritten()
 }
 
+// A refusal never hands back what the caller sent at length: a currency
+// or a method is not echoed at all, and a field name the decoder names
+// (unknown, repeated, of the wrong type) is cut to 64 bytes, in the
+// message and in the error's field: a 2 KB value gets a short answer.
+func TestARefusalDoesNotEchoTheCallersValuesAndNamesAFieldInAtMost64Bytes(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	marker := strings.Repeat("<script>evil</script>", 100) // 2 KB, inside the body limit
+	longName := "f" + strings.Repeat("x", 2000)
+	for name, b := range map[string]string{
+		"currency":      `{"user_id":"u_17","amount_paise":120000,"currency":"` + marker + `","method":"upi"}`,
+		"method":        `{"user_id":"u_17","amount_paise":120000,"currency":"INR","method":"` + marker + `"}`,
+		"unknown field": `{"user_id":"u_17","amount_paise":120000,"currency":"INR","method":"upi","` + longName + `":1}`,
+		"repeated":      `{"user_id":"u_17","amount_paise":120000,"currency":"INR","method":"upi","` + longName + `":1,"` + longName + `":2}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := e.raw(map[string]string{"Authorization": "Bearer " + webKey, "Idempotency-Key": "k-echo", "Content-Type": "application/json"}, []byte(b))
+			if r.status != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400", r.status)
+			}
+			if strings.Contains(string(r.body), "evil") || len(r.body) > 512 {
+				t.Errorf("the %d-byte answer echoes the request: %.200s", len(r.body), r.body)
+			}
+			if d := r.errorDetail(t); len(d.Field) > 64 {
+				t.Errorf("error field of %d bytes, want at most 64", len(d.Field))
+			}
+		})
+	}
+	e.assertNothingWritten()
+}
+
 func TestOneClientsIdempotencyKeyNeverReplaysAnotherClientsResponse(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	web := e.raw(map[string]string{"Authorization": "Bearer " + webKey, "Idempotency-Key": "shared"}, []byte(validBody))

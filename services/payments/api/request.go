@@ -74,11 +74,12 @@ func parseCreate(w http.ResponseWriter, r *http.Request) (NewPayment, *httpjson.
 		return NewPayment{}, invalid("amount_paise", "amount_paise must be at most %d", MaxAmountPaise)
 	}
 	if !currencies[p.Currency] {
+		// The value is not repeated: it is the caller's, of any length.
 		return NewPayment{}, httpjson.Invalid("unsupported_currency", "currency",
-			"currency %q is not supported: use INR (ISO 4217, upper case)", p.Currency)
+			"currency is not supported: use INR (ISO 4217, upper case)")
 	}
 	if !methods[p.Method] {
-		return NewPayment{}, invalid("method", "method %q is not one of upi, card, netbanking, wallet", p.Method)
+		return NewPayment{}, invalid("method", "method must be one of upi, card, netbanking, wallet")
 	}
 	return p, nil
 }
