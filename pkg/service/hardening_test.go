@@ -265,3 +265,46 @@ func TestAPanickingHandlerIsAJSON500WithTheRequestIDAndTheStackIsLogged(t *testi
 		t.Errorf("ErrAbortHandler answered %d, want the connection dropped", resp.StatusCode)
 	}
 }
+
+// HEAD is answered wherever GET is (the status and headers of the GET,
+// no body), and a 405 lists it: Allow "GET, HEAD". A made-up method is not
+// repeated at length, neither in the 405's body nor in the access log.
+func TestHEADWorksWhereGETDoesAndAMadeUpMethodIsNotRepeated(t *testing.T) {
+	var logs bytes.Buffer
+	r := service.NewRouter(slog.New(slog.NewJSONHandler(&logs, nil)), nil, nil)
+	r.Get("/v1/things", func(w http.ResponseWriter, _ *http.Request) {
+		service.WriteJSON(w, http.StatusOK, map[string]int{"things": 3})
+	})
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	resp, err := http.Head(srv.URL + "/v1/things")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" || len(b) != 0 {
+		t.Errorf("HEAD /v1/things: %d %q with %d body bytes, want 200 application/json and no body", resp.StatusCode, resp.Header.Get("Content-Type"), len(b))
+	}
+
+	w := httptest.NewRecorder()
+	r.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/things", nil))
+	if w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") != "GET, HEAD" {
+		t.Errorf("POST /v1/things: %d, Allow %q; want 405 with Allow \"GET, HEAD\"", w.Code, w.Header().Get("Allow"))
+	}
+
+	made := strings.Repeat("FROB", 1000)
+	w = httptest.NewRecorder()
+	r.ServeHTTP(w, httptest.NewRequest(made, "/v1/things", nil))
+	if w.Code != http.StatusMethodNotAllowed || strings.Contains(w.Body.String(), "FROBFROB") || !strings.Contains(w.Body.String(), `"method_not_allowed"`) {
+		t.Errorf("a 4,000-byte method: %d %.200s; want 405 method_not_allowed without the method", w.Code, w.Body)
+	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "FROB") && strings.Contains(line, strings.Repeat("FROB", 5)) {
+			t.Errorf("the access log repeats the made-up method at length: %.200s", line)
+		}
+	}
+	if !strings.Contains(logs.String(), `"status":405`) {
+		t.Errorf("the 405 was not logged: %s", logs.String())
+	}
+}

@@ -50,15 +50,18 @@ func NewRouter(log *slog.Logger, metrics http.Handler, checks map[string]Check) 
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		var allowed []string
 		for _, m := range routeMethods {
-			if r.Match(chi.NewRouteContext(), m, req.URL.Path) {
+			// HEAD is served wherever GET is (middleware.GetHead).
+			if r.Match(chi.NewRouteContext(), m, req.URL.Path) ||
+				m == http.MethodHead && r.Match(chi.NewRouteContext(), http.MethodGet, req.URL.Path) {
 				allowed = append(allowed, m)
 			}
 		}
 		w.Header().Set("Allow", strings.Join(allowed, ", "))
+		// The request's method is not repeated: it is the caller's, of any length.
 		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "",
-			fmt.Sprintf("this route does not take %s; it takes %s", req.Method, strings.Join(allowed, ", ")))
+			"this route does not take that method; it takes "+strings.Join(allowed, ", "))
 	})
-	r.Use(requestID, echoRequestID,
+	r.Use(middleware.GetHead, requestID, echoRequestID,
 		otelhttp.NewMiddleware("http", otelhttp.WithFilter(func(r *http.Request) bool { return !probe(r.URL.Path) }),
 			otelhttp.WithServerName(serverName())),
 		nameSpanByRoute, accessLog(log), recoverPanics(log))
@@ -179,22 +182,26 @@ func accessLog(log *slog.Logger) func(http.Handler) http.Handler {
 			if probe(r.URL.Path) {
 				return
 			}
-			log.InfoContext(r.Context(), "http request", "method", r.Method, "path", logPath(r.URL.Path), "status", ww.Status(),
+			log.InfoContext(r.Context(), "http request", "method", clip(r.Method, maxLoggedMethod), "path", clip(r.URL.Path, maxLoggedPath), "status", ww.Status(),
 				"duration_ms", float64(time.Since(start).Microseconds())/1000)
 		})
 	}
 }
 
-// maxLoggedPath is how much of a request's path the access log keeps: the
-// path is the client's, and one line per request must stay a line.
-const maxLoggedPath = 256
+// maxLoggedPath and maxLoggedMethod are how much of a request's path and
+// method the access log keeps: both are the client's (a method is any
+// token), and one line per request must stay a line.
+const (
+	maxLoggedPath   = 256
+	maxLoggedMethod = 16
+)
 
-// logPath is p, or its first maxLoggedPath bytes and its length.
-func logPath(p string) string {
-	if len(p) <= maxLoggedPath {
-		return p
+// clip is s, or its first n bytes and its length.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return fmt.Sprintf("%s…(%d bytes)", p[:maxLoggedPath], len(p))
+	return fmt.Sprintf("%s…(%d bytes)", s[:n], len(s))
 }
 
 // ErrorBody is the JSON shape of every error response (errs.Body).

@@ -296,8 +296,8 @@ func TestUnknownRoutesAndWrongMethodsAnswerTheJSONErrorShape(t *testing.T) {
 	testenv.RoutingErrors(t, srv.URL, "", []testenv.RoutingCase{
 		{Method: http.MethodGet, Path: "/nope", Status: http.StatusNotFound, Code: "not_found"},
 		{Method: http.MethodGet, Path: "/v1/things", Status: http.StatusNotFound, Code: "not_found"},
-		{Method: http.MethodDelete, Path: "/v1/things/1", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "GET, POST"},
-		{Method: http.MethodPost, Path: "/healthz", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "GET"},
+		{Method: http.MethodDelete, Path: "/v1/things/1", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "GET, HEAD, POST"},
+		{Method: http.MethodPost, Path: "/healthz", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "GET, HEAD"},
 	})
 }
 

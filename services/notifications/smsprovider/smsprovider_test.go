@@ -453,7 +453,7 @@ func TestTheProviderServesHealthReadinessMetricsAndJSONErrorsForUnknownRoutes(t 
 	}
 	testenv.RoutingErrors(t, srv.URL, "Bearer "+adminKey, []testenv.RoutingCase{
 		{Method: http.MethodGet, Path: "/v1/nope", Status: http.StatusNotFound, Code: "not_found"},
-		{Method: http.MethodDelete, Path: "/v1/messages", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "GET, POST"},
+		{Method: http.MethodDelete, Path: "/v1/messages", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "GET, HEAD, POST"},
 		{Method: http.MethodGet, Path: "/v1/reset", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "POST"},
 	})
 }
