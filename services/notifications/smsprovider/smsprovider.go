@@ -77,6 +77,8 @@ type control struct {
 
 // Delivery is one delivered message, as GET /v1/deliveries lists it.
 type Delivery struct {
+	// Sender is the API client that sent it: keys are each sender's own.
+	Sender         string    `json:"sender"`
 	IdempotencyKey string    `json:"idempotency_key"`
 	MessageID      string    `json:"message_id"`
 	To             string    `json:"to"`
@@ -99,12 +101,17 @@ type message struct {
 	traceparent    string
 }
 
+// scopedKey is an Idempotency-Key in its sender's namespace: a real
+// provider keeps keys per account, so one sender's key never replays, or
+// reveals, another's message.
+type scopedKey struct{ sender, key string }
+
 // Server is the provider; it is an http.Handler.
 type Server struct {
 	mu       sync.Mutex
-	byKey    map[string]*message
-	requests map[string]int // send requests per key, failed ones included
-	order    []string       // keys in delivery order
+	byKey    map[scopedKey]*message
+	requests map[scopedKey]int // send requests per key, failed ones included
+	order    []scopedKey       // keys in delivery order
 	seq      int
 	ctl      control
 	mux      *http.ServeMux      // the sender's API
@@ -170,7 +177,7 @@ func health(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) reset() {
-	s.byKey, s.requests, s.order, s.seq = map[string]*message{}, map[string]int{}, nil, 0
+	s.byKey, s.requests, s.order, s.seq = map[scopedKey]*message{}, map[scopedKey]int{}, nil, 0
 	s.ctl = control{FailStatus: http.StatusServiceUnavailable}
 }
 
@@ -196,8 +203,9 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	sk := scopedKey{service.ClientOf(r.Context()), key}
 	s.mu.Lock()
-	s.requests[key]++
+	s.requests[sk]++
 	hang, hangAfter := s.takeHang()
 	if s.ctl.FailNext > 0 {
 		s.ctl.FailNext--
@@ -214,7 +222,7 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request) {
 		hang = 0
 		s.mu.Lock()
 	}
-	m, replay := s.byKey[key]
+	m, replay := s.byKey[sk]
 	if replay && (m.To != req.To || m.Body != req.Body) {
 		s.mu.Unlock()
 		writeError(w, http.StatusUnprocessableEntity, "Idempotency-Key reused with a different message")
@@ -224,8 +232,8 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request) {
 		s.seq++
 		m = &message{MessageID: fmt.Sprintf("sms_%06d", s.seq), IdempotencyKey: key, To: req.To, Body: req.Body,
 			Status: "delivered", CreatedAt: time.Now().UTC(), traceparent: r.Header.Get("traceparent")}
-		s.byKey[key] = m
-		s.order = append(s.order, key)
+		s.byKey[sk] = m
+		s.order = append(s.order, sk)
 	}
 	resp := *m
 	s.mu.Unlock()
@@ -255,7 +263,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
-	m, ok := s.byKey[key]
+	m, ok := s.byKey[scopedKey{service.ClientOf(r.Context()), key}]
 	var resp message
 	if ok {
 		resp = *m
@@ -275,17 +283,24 @@ func (s *Server) Deliveries() []Delivery {
 	out := make([]Delivery, 0, len(s.order))
 	for _, k := range s.order {
 		m := s.byKey[k]
-		out = append(out, Delivery{IdempotencyKey: k, MessageID: m.MessageID, To: m.To, Body: m.Body,
+		out = append(out, Delivery{Sender: k.sender, IdempotencyKey: k.key, MessageID: m.MessageID, To: m.To, Body: m.Body,
 			Requests: s.requests[k], DeliveredAt: m.CreatedAt, Traceparent: m.traceparent})
 	}
 	return out
 }
 
-// Requests is how many send requests arrived under key (failed ones too).
+// Requests is how many send requests arrived under key (failed ones too),
+// from every sender.
 func (s *Server) Requests(key string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.requests[key]
+	n := 0
+	for k, c := range s.requests {
+		if k.key == key {
+			n += c
+		}
+	}
+	return n
 }
 
 func (s *Server) deliveries(w http.ResponseWriter, r *http.Request) {

@@ -457,3 +457,50 @@ func TestTheProviderServesHealthReadinessMetricsAndJSONErrorsForUnknownRoutes(t 
 		{Method: http.MethodGet, Path: "/v1/reset", Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Allow: "POST"},
 	})
 }
+
+// Idempotency-Keys are each sender's own, as a real provider keeps them
+// per account: a second sender's key equal to the first's is a message of
+// its own (not a 422, not a replay of the other's), a lookup finds only
+// the asker's message, and each delivery says whose it is.
+func TestIdempotencyKeysArePerSender(t *testing.T) {
+	const otherKey = "sms-send2-0123456789abcdef0123456789a"
+	p := smsprovider.New()
+	keys, err := service.ParseAPIKeys("qa:"+readKey+",ops/read+admin:"+adminKey+",notifications/send:"+sendKey+",marketing/send:"+otherKey, service.RoleRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := p.Handler(slog.New(slog.DiscardHandler), promhttp.Handler(), service.Access{Keys: keys, RateLimit: 1000, AddressRateLimit: 1000, RateWindow: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	do := func(method, path, apiKey, body string) (int, map[string]any) {
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		req.Header.Set("Idempotency-Key", "sms:shared")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m
+	}
+	c1, m1 := do(http.MethodPost, "/v1/messages", sendKey, `{"to":"+911111111111","body":"yours"}`)
+	c2, m2 := do(http.MethodPost, "/v1/messages", otherKey, `{"to":"+912222222222","body":"theirs"}`)
+	if c1 != http.StatusCreated || c2 != http.StatusCreated || m1["message_id"] == m2["message_id"] {
+		t.Fatalf("two senders, one key: %d %v and %d %v; want two 201s with two message ids", c1, m1, c2, m2)
+	}
+	if c, m := do(http.MethodGet, "/v1/messages?idempotency_key=sms:shared", otherKey, ""); c != http.StatusOK || m["message_id"] != m2["message_id"] || m["to"] != "+912222222222" {
+		t.Errorf("the second sender's lookup: %d %v, want its own message %v", c, m, m2["message_id"])
+	}
+	if c, m := do(http.MethodGet, "/v1/messages?idempotency_key=sms:shared", sendKey, ""); c != http.StatusOK || m["message_id"] != m1["message_id"] {
+		t.Errorf("the first sender's lookup: %d %v, want its own message %v", c, m, m1["message_id"])
+	}
+	ds := p.Deliveries()
+	if len(ds) != 2 || ds[0].Sender != "notifications" || ds[1].Sender != "marketing" || ds[0].Requests != 1 || ds[1].Requests != 1 {
+		t.Errorf("deliveries %+v, want one per sender, each after one request, naming its sender", ds)
+	}
+}
