@@ -427,8 +427,9 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) (msgs []Message, bad 
 // messages appends to msgs a Message for each row of claimSQL, the body
 // encoded as events.Envelope.Marshal encodes it (the payload as jsonb
 // prints it, compacted). A row that does not encode (an occurred_at that
-// JSON cannot carry, stored before events.Validate refused it) is put in
-// bad with its error instead.
+// JSON cannot carry, stored before events.Validate refused it; a payload
+// that jsonb made too large for one message) is put in bad with its error
+// instead.
 func messages(rows pgx.Rows, msgs []Message) (_ []Message, bad map[uuid.UUID]error, _ error) {
 	defer rows.Close()
 	var (
@@ -441,17 +442,19 @@ func messages(rows pgx.Rows, msgs []Message) (_ []Message, bad map[uuid.UUID]err
 			return nil, nil, err
 		}
 		e.OccurredAt, e.Payload = e.OccurredAt.UTC(), payload
+		attrs := attributes(e.EventID.String(), e.EventType, traceparent)
 		body, err := e.AppendJSON(make([]byte, 0, envelopeOverhead+len(payload)))
+		if err != nil {
+			err = fmt.Errorf("cannot encode the envelope (occurred_at %s): %w", e.OccurredAt.Format(time.RFC3339Nano), err)
+		} else {
+			err = tooLarge(e, len(body)+attributesBytes(e.EventType, traceparent))
+		}
 		if err != nil {
 			if bad == nil {
 				bad = map[uuid.UUID]error{}
 			}
-			bad[e.EventID] = fmt.Errorf("cannot encode the envelope (occurred_at %s): %w", e.OccurredAt.Format(time.RFC3339Nano), err)
+			bad[e.EventID] = err
 			continue
-		}
-		attrs := map[string]string{"event_id": e.EventID.String(), "event_type": e.EventType}
-		if traceparent != "" {
-			attrs["traceparent"] = traceparent
 		}
 		msgs = append(msgs, Message{EventID: e.EventID, Body: body, Attributes: attrs})
 	}
