@@ -92,12 +92,8 @@ func (c *Consumer) HandleBatchWith(ctx context.Context, items []Item, apply Batc
 	errs := make([]error, len(items))
 	var live []int // indexes still to decide
 	for i, it := range items {
-		if c.expired(it.Msg) {
-			outs[i], errs[i] = Expired, ErrExpired
-			continue
-		}
-		if err := c.ahead(it.Msg); err != nil {
-			outs[i], errs[i] = Failed, err
+		if out, err := c.refuse(it.Msg, it.Effect); err != nil {
+			outs[i], errs[i] = out, err
 			continue
 		}
 		live = append(live, i)

@@ -153,9 +153,6 @@ func (c *Consumer) Handle(ctx context.Context, msg Message, effect Effect) (Outc
 // ahead refuses an id minted more than MaxFutureSkew after c's clock, with
 // a permanent error that says by how much.
 func (c *Consumer) ahead(msg Message) error {
-	if msg.EventID.Version() != 7 {
-		return nil
-	}
 	if skew := events.IDTime(msg.EventID).Sub(c.now()); skew > MaxFutureSkew {
 		return fmt.Errorf("%w: event id %s was minted %v ahead of this consumer's clock, more than the %v tolerated "+
 			"(is the producer's clock ahead?)", ErrAhead, msg.EventID, skew.Round(time.Second), MaxFutureSkew)
@@ -163,12 +160,29 @@ func (c *Consumer) ahead(msg Message) error {
 	return nil
 }
 
-func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outcome, error) {
-	if c.expired(msg) {
+// refuse is the outcome of a message that must not be tried, if any: an
+// invalid one (ErrInvalidMessage, ErrNilEffect), one older than the window
+// or one from too far ahead.
+func (c *Consumer) refuse(msg Message, effect Effect) (Outcome, error) {
+	switch {
+	case effect == nil:
+		return Failed, ErrNilEffect
+	case msg.EventID.Version() != 7:
+		return Failed, fmt.Errorf("%w: event id %s is not a UUIDv7 (version %d)", ErrInvalidMessage, msg.EventID, msg.EventID.Version())
+	case len(msg.Hash) == 0:
+		return Failed, fmt.Errorf("%w: event %s has no hash (build the Message with MessageOf)", ErrInvalidMessage, msg.EventID)
+	case c.expired(msg):
 		return Expired, ErrExpired
 	}
 	if err := c.ahead(msg); err != nil {
 		return Failed, err
+	}
+	return 0, nil
+}
+
+func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outcome, error) {
+	if out, err := c.refuse(msg, effect); err != nil {
+		return out, err
 	}
 	return c.retry(ctx, func() (Outcome, error) {
 		tx, err := c.pool.Begin(ctx)

@@ -63,6 +63,16 @@ var (
 	// ErrAhead: the event id was minted more than MaxFutureSkew ahead of
 	// the consumer's clock. The returned error wraps it with the skew.
 	ErrAhead error = &permanentError{"idempotent: event id from the future refused"}
+	// ErrInvalidMessage: the Message cannot be kept as a key: its EventID
+	// is not a UUIDv7 (processed_messages is partitioned by the id's time)
+	// or it has no Hash to compare a later copy with. MessageOf of a
+	// decoded envelope always makes a valid one. The returned error wraps
+	// it with the reason.
+	ErrInvalidMessage error = &permanentError{"idempotent: message refused"}
+	// ErrNilEffect: Handle, or an Item of a batch, was given no Effect. A
+	// bug in the caller, permanent so that the message waits in the DLQ
+	// for the fix rather than being redelivered until it lands there.
+	ErrNilEffect error = &permanentError{"idempotent: nil effect"}
 )
 
 // retryable reports PostgreSQL errors after which the same transaction,
