@@ -157,6 +157,9 @@ type Store struct {
 
 // New returns a Store on pool (whose database has been migrated).
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("httpidem: New needs a pool")
+	}
 	cfg.defaults()
 	c, err := otel.Meter(otelScope).Int64Counter(
 		"http_idempotency_requests_total",

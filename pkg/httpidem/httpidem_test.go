@@ -302,3 +302,11 @@ func TestResumeThatFailsIsTriedAgainAfterTheLease(t *testing.T) {
 		t.Errorf("saved response %d, %v; want 201", code, err)
 	}
 }
+
+// A Store without its pool is refused when it is built, not at the first
+// request.
+func TestNewRefusesANilPool(t *testing.T) {
+	if s, err := httpidem.New(nil, httpidem.Config{}); s != nil || err == nil || !strings.Contains(err.Error(), "needs a pool") {
+		t.Fatalf("New(nil): %v, %v; want no store and an error saying it needs a pool", s, err)
+	}
+}

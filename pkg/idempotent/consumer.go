@@ -105,6 +105,9 @@ func NewConsumer(pool *pgxpool.Pool, name string, opts ...Option) (*Consumer, er
 	if name == "" {
 		return nil, errors.New("idempotent: consumer name is empty")
 	}
+	if pool == nil {
+		return nil, errors.New("idempotent: NewConsumer needs a pool")
+	}
 	c := &Consumer{pool: pool, name: name, retention: DefaultRetention, maxRetries: 5, now: time.Now, log: slog.Default()}
 	for _, o := range opts {
 		o(c)

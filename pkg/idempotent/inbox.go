@@ -122,6 +122,9 @@ func NewInbox(pool *pgxpool.Pool, consumer string, cfg InboxConfig) (*Inbox, err
 	if consumer == "" {
 		return nil, errors.New("idempotent: inbox consumer name is empty")
 	}
+	if pool == nil {
+		return nil, errors.New("idempotent: NewInbox needs a pool")
+	}
 	cfg.defaults()
 	if err := ValidateRetention(cfg.Retention, cfg.QueueRetention); err != nil {
 		return nil, err

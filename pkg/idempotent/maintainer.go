@@ -109,6 +109,9 @@ type MaintenanceReport struct {
 // NewMaintainer returns a Maintainer for the database pool connects to. It
 // validates the retention against the queue retention. Close it when done.
 func NewMaintainer(pool *pgxpool.Pool, cfg MaintainerConfig) (*Maintainer, error) {
+	if pool == nil {
+		return nil, errors.New("idempotent: NewMaintainer needs a pool")
+	}
 	cfg.defaults()
 	if err := ValidateRetention(cfg.Retention, cfg.QueueRetention); err != nil {
 		return nil, err

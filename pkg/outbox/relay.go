@@ -166,6 +166,9 @@ type backlog struct {
 
 // NewRelay returns a relay that publishes the outbox of pool through pub.
 func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error) {
+	if pool == nil || pub == nil {
+		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
+	}
 	cfg.defaults()
 	if cfg.PublishTimeout >= cfg.Lease {
 		return nil, fmt.Errorf("outbox: PublishTimeout %v must be less than Lease %v: the batch must be marked while its claim holds",

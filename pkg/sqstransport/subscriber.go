@@ -176,6 +176,16 @@ type Subscriber struct {
 
 // NewSubscriber returns a Subscriber that calls handler for each message.
 func NewSubscriber(client *sqs.Client, cfg SubscriberConfig, handler Handler) (*Subscriber, error) {
+	if handler == nil {
+		return nil, errors.New("sqstransport: NewSubscriber needs a handler")
+	}
+	return newSubscriber(client, cfg, handler)
+}
+
+func newSubscriber(client *sqs.Client, cfg SubscriberConfig, handler Handler) (*Subscriber, error) {
+	if client == nil {
+		return nil, errors.New("sqstransport: a subscriber needs an SQS client")
+	}
 	if cfg.QueueURL == "" {
 		return nil, errors.New("sqstransport: QueueURL is empty")
 	}

@@ -2,6 +2,7 @@ package sqstransport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -43,7 +44,10 @@ type BatchHandler func(ctx context.Context, ds []Delivery) []error
 // before the handler sees the rest; the delivery contract per message is
 // the same as NewSubscriber's.
 func NewBatchSubscriber(client *sqs.Client, cfg SubscriberConfig, handler BatchHandler) (*Subscriber, error) {
-	s, err := NewSubscriber(client, cfg, nil)
+	if handler == nil {
+		return nil, errors.New("sqstransport: NewBatchSubscriber needs a handler")
+	}
+	s, err := newSubscriber(client, cfg, nil)
 	if err != nil {
 		return nil, err
 	}
