@@ -167,14 +167,13 @@ func (c *Consumer) ahead(msg Message) error {
 // invalid one (ErrInvalidMessage, ErrNilEffect), one older than the window
 // or one from too far ahead.
 func (c *Consumer) refuse(msg Message, effect Effect) (Outcome, error) {
-	switch {
-	case effect == nil:
+	if effect == nil {
 		return Failed, ErrNilEffect
-	case msg.EventID.Version() != 7:
-		return Failed, fmt.Errorf("%w: event id %s is not a UUIDv7 (version %d)", ErrInvalidMessage, msg.EventID, msg.EventID.Version())
-	case len(msg.Hash) == 0:
-		return Failed, fmt.Errorf("%w: event %s has no hash (build the Message with MessageOf)", ErrInvalidMessage, msg.EventID)
-	case c.expired(msg):
+	}
+	if err := msg.Validate(); err != nil {
+		return Failed, err
+	}
+	if c.expired(msg) {
 		return Expired, ErrExpired
 	}
 	if err := c.ahead(msg); err != nil {

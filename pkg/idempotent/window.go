@@ -1,6 +1,9 @@
 package idempotent
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Expired reports whether m is older than the dedupe window retention at
 // now, judged by its occurred_at and by the time in its UUIDv7 id. Every
@@ -8,6 +11,20 @@ import "time"
 // forgotten; stores outside this package use it to draw the same line.
 func (m Message) Expired(now time.Time, retention time.Duration) bool {
 	return beyondWindow(m.EventID, m.OccurredAt, now, retention)
+}
+
+// Validate refuses, with ErrInvalidMessage and the reason, a Message no
+// store can keep as a key: an EventID that is not a UUIDv7 (keys are
+// partitioned, and expire, by the time in the id) or no Hash to compare a
+// later copy with. MessageOf of a decoded envelope is always valid.
+func (m Message) Validate() error {
+	switch {
+	case m.EventID.Version() != 7:
+		return fmt.Errorf("%w: event id %s is not a UUIDv7 (version %d)", ErrInvalidMessage, m.EventID, m.EventID.Version())
+	case len(m.Hash) == 0:
+		return fmt.Errorf("%w: event %s has no hash (build the Message with MessageOf)", ErrInvalidMessage, m.EventID)
+	}
+	return nil
 }
 
 // ClockSkewMargin is how long after the dedupe window closes, by its own

@@ -116,6 +116,9 @@ func NewConsumer(db API, name string, cfg Config) (*Consumer, error) {
 	if name == "" {
 		return nil, errors.New("idemdynamo: consumer name is empty")
 	}
+	if db == nil {
+		return nil, errors.New("idemdynamo: NewConsumer needs a DynamoDB client")
+	}
 	if cfg.Table == "" {
 		cfg.Table = DefaultTable
 	}
@@ -162,6 +165,12 @@ func (c *Consumer) Handle(ctx context.Context, msg idempotent.Message, effect Ef
 }
 
 func (c *Consumer) handle(ctx context.Context, msg idempotent.Message, effect Effect) (idempotent.Outcome, error) {
+	if effect == nil {
+		return idempotent.Failed, idempotent.ErrNilEffect
+	}
+	if err := msg.Validate(); err != nil {
+		return idempotent.Failed, err
+	}
 	now := c.now()
 	if msg.Expired(now, c.cfg.Retention) {
 		return idempotent.Expired, idempotent.ErrExpired
