@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -334,6 +335,9 @@ func (e Envelope) Validate() error {
 		return &DecodeError{"event_id", fmt.Sprintf("must be a UUIDv7, got version %d", e.EventID.Version())}
 	case e.EventType == "":
 		return &DecodeError{"event_type", "empty"}
+	case strings.IndexFunc(e.EventType, func(r rune) bool { return !QueueSafe(r) }) >= 0:
+		// It is a message attribute too, where no JSON escape helps.
+		return &DecodeError{"event_type", "holds a character a queue may refuse (a control character, U+FFFE or U+FFFF, or one above U+FFFF)"}
 	case e.AggregateID == "":
 		return &DecodeError{"aggregate_id", "empty"}
 	case e.AggregateVersion < 0:

@@ -118,8 +118,9 @@ func addArgs(ctx context.Context, e events.Envelope) ([]any, error) {
 
 // checkSize refuses e with ErrTooLarge when the message the relay would
 // send for it is over MaxMessageBytes. Only an event that might be near
-// the limit is encoded to know: an escaped string takes at most 6 bytes a
-// byte, so below that bound e fits whatever its content.
+// the limit is encoded to know: escaped (for JSON, then for the queue) a
+// string takes at most 6 bytes a byte, so below that bound e fits whatever
+// its content.
 func checkSize(e events.Envelope, traceparent string) error {
 	const envelope = 256 // the field names, the id, the version and the time
 	attrs := attributesBytes(e.EventType, traceparent)
@@ -131,7 +132,7 @@ func checkSize(e events.Envelope, traceparent string) error {
 	if err != nil {
 		return fmt.Errorf("outbox: %w", err)
 	}
-	return tooLarge(e, len(body)+attrs)
+	return tooLarge(e, len(events.EscapeForSQS(body))+attrs)
 }
 
 // tooLarge is ErrTooLarge for e when its message is n bytes, else nil.

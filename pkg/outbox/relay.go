@@ -429,7 +429,8 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) (msgs []Message, bad 
 
 // messages appends to msgs a Message for each row of claimSQL, the body
 // encoded as events.Envelope.Marshal encodes it (the payload as jsonb
-// prints it, compacted). A row that does not encode (an occurred_at that
+// prints it, compacted), with the characters a queue may refuse escaped
+// (events.EscapeForSQS). A row that does not encode (an occurred_at that
 // JSON cannot carry, stored before events.Validate refused it; a payload
 // that jsonb made too large for one message) is put in bad with its error
 // instead.
@@ -450,6 +451,7 @@ func messages(rows pgx.Rows, msgs []Message) (_ []Message, bad map[uuid.UUID]err
 		if err != nil {
 			err = fmt.Errorf("cannot encode the envelope (occurred_at %s): %w", e.OccurredAt.Format(time.RFC3339Nano), err)
 		} else {
+			body = events.EscapeForSQS(body)
 			err = tooLarge(e, len(body)+attributesBytes(e.EventType, traceparent))
 		}
 		if err != nil {

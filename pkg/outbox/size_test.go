@@ -146,3 +146,36 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// A payload may hold any character JSON does, and the queue may refuse
+// some: SQS refuses U+FFFE and U+FFFF, and some SQS servers refuse
+// everything above U+FFFF (an emoji). The relay sends them escaped: the
+// message is accepted and decodes to the same event, with the same Hash.
+func TestRelayPublishesCharactersAQueueRefusesEscaped(t *testing.T) {
+	ctx := context.Background()
+	pool := setup(t)
+	c, q, pub := queue(t)
+	e, err := events.New("PaymentSucceeded", "pay_😀", 1, map[string]string{"name": "Asha 😀", "note": "x\uffffy\ufffe", "𝄞": "é€"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addCommitted(t, ctx, pool, e)
+	r := newRelay(t, pool, pub, outbox.RelayConfig{DisableListen: true})
+	if n, err := r.RelayOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("RelayOnce: %d, %v; want 1, nil", n, err)
+	}
+	if s := state(t, pool, e.EventID); !s.Published {
+		t.Fatalf("row: %+v, want published (last error: %v)", s, deref(s.LastError))
+	}
+	got := receive(t, c, q, 1, 10*time.Second, true)
+	if len(got) != 1 {
+		t.Fatalf("received %d messages, want 1", len(got))
+	}
+	d, err := events.Decode(got[0].Body)
+	if err != nil {
+		t.Fatalf("Decode of %q: %v", got[0].Body, err)
+	}
+	if d.AggregateID != e.AggregateID || string(d.Hash()) != string(e.Hash()) {
+		t.Fatalf("received %q: aggregate %q, hash equal %v; want the event as added", got[0].Body, d.AggregateID, string(d.Hash()) == string(e.Hash()))
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -551,10 +552,7 @@ func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind
 	for k, v := range m.MessageAttributes {
 		attrs[k] = v
 	}
-	reason := cause.Error()
-	if len(reason) > 1000 {
-		reason = reason[:1000]
-	}
+	reason := attributeText(cause.Error(), 1000)
 	attrs["park_reason"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(kind + ": " + reason)}
 	attrs["park_source_queue"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(queueName(s.cfg.QueueURL))}
 	attrs["park_source_message_id"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(d.SQSMessageID)}
@@ -575,6 +573,23 @@ func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind
 		return
 	}
 	s.deletes <- aws.ToString(m.ReceiptHandle)
+}
+
+// attributeText is s as an attribute value SQS accepts: at most max bytes,
+// cut on a character, each character no queue is sure to carry (and each
+// invalid byte) written as U+FFFD.
+func attributeText(s string, max int) string {
+	var b strings.Builder
+	for _, r := range s {
+		if !events.QueueSafe(r) {
+			r = utf8.RuneError
+		}
+		if b.Len()+utf8.RuneLen(r) > max {
+			break
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // MaxMessageBytes is SQS's limit on a message: its body and attributes.

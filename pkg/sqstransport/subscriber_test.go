@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -778,5 +779,46 @@ func TestHungHandlerIsCutAtItsDeadlineRolledBackAndRedelivered(t *testing.T) {
 	if _, err := sqstransport.NewSubscriber(c, sqstransport.SubscriberConfig{QueueURL: q, Visibility: 5 * time.Second,
 		HandlerTimeout: 5 * time.Second}, h); err == nil {
 		t.Error("NewSubscriber accepted a HandlerTimeout as long as the visibility timeout")
+	}
+}
+
+// A park_reason is made of the error's text, which can hold anything: a
+// field name from the body, decoded from an escape to U+FFFF, or a
+// character cut in two by the 1000-byte limit. SQS refuses an attribute
+// with either, and the park failed, leaving the message to be received
+// again until the queue's own redrive moved it without a reason. The
+// reason is now cut on a character and written in characters every queue
+// accepts.
+func TestAParkReasonOfAnyTextIsParked(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, dlq := testenv.Queue(t, c, 5, 30*time.Second)
+	e := newEvent(t, 1)
+	rec := &recorder{then: func(sqstransport.Delivery, int) error {
+		return sqstransport.Permanent(fmt.Errorf("field \"x\uffff😀\" refused: %s", strings.Repeat("é", 600)))
+	}}
+	cfg := testConfig(q)
+	cfg.Concurrency = 1
+	start(t, c, cfg, rec.handle)
+	send(t, c, q, e)
+	var reason string
+	for deadline := time.Now().Add(15 * time.Second); reason == "" && time.Now().Before(deadline); {
+		out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(dlq),
+			MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range out.Messages {
+			reason = aws.ToString(m.MessageAttributes["park_reason"].StringValue)
+		}
+	}
+	if !strings.HasPrefix(reason, "refused: field") {
+		t.Fatalf("park_reason %q; want the message parked with the handler's reason", reason)
+	}
+	if !utf8.ValidString(reason) || strings.ContainsAny(reason, "\uffff😀") || len(reason) > 1000+len("refused: ") {
+		t.Fatalf("park_reason %q: want valid UTF-8 within 1000 bytes, without U+FFFF or the emoji", reason)
+	}
+	if n := len(rec.deliveries()); n != 1 {
+		t.Fatalf("handler called %d times, want 1: parked at once", n)
 	}
 }
