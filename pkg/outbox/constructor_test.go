@@ -1,8 +1,11 @@
 package outbox_test
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
 )
@@ -19,5 +22,28 @@ func TestNewRelayNeedsAPoolAndAPublisher(t *testing.T) {
 		if r, err := build(); r != nil || err == nil || !strings.Contains(err.Error(), "needs a pool and a publisher") {
 			t.Errorf("%s: %v, %v; want no relay and an error saying what it needs", name, r, err)
 		}
+	}
+}
+
+// A Relay runs once: a second Run, during the first or after it, returns
+// ErrRelayUsed at once instead of starting a second set of workers (or,
+// after the first returned, running without its gauges).
+func TestARelayRunsOnce(t *testing.T) {
+	pool := setup(t)
+	_, _, pub := queue(t)
+	r := newRelay(t, pool, pub, outbox.RelayConfig{DisableListen: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	time.Sleep(100 * time.Millisecond)
+	if err := r.Run(ctx); !errors.Is(err, outbox.ErrRelayUsed) {
+		t.Fatalf("Run while running: %v, want ErrRelayUsed", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("the first Run: %v, want nil on cancellation", err)
+	}
+	if err := r.Run(context.Background()); !errors.Is(err, outbox.ErrRelayUsed) {
+		t.Fatalf("Run after it returned: %v, want ErrRelayUsed", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -156,7 +157,13 @@ type Relay struct {
 	backlog             *snapshot.Cache[backlog]
 	gauges              metric.Registration
 	closeOnce           sync.Once
+	ran                 atomic.Bool
 }
+
+// ErrRelayUsed: Run was called on a Relay that has run, or is running.
+// A Relay runs once (Run unregisters its gauges when it returns); build
+// another for another run.
+var ErrRelayUsed = errors.New("outbox: this Relay has run already; build a new one with NewRelay")
 
 // backlog is what the gauges export.
 type backlog struct {
@@ -241,7 +248,8 @@ func (r *Relay) Unpublished(ctx context.Context) (int64, error) {
 
 // Run relays until ctx is cancelled. A batch on the wire when ctx ends is
 // still marked (with a short grace period), so a clean shutdown causes no
-// duplicate sends. Run returns nil on cancellation.
+// duplicate sends. Run returns nil on cancellation, and ErrRelayUsed,
+// at once, if the Relay has run before.
 //
 // Its Workers loops are pkg/worker loops named "outbox-relay": a full batch
 // is followed at once by the next claim; otherwise a loop sleeps until a
@@ -250,6 +258,9 @@ func (r *Relay) Unpublished(ctx context.Context) (int64, error) {
 // an outage is not flooded with claims (or, for the queue, with rows
 // claimed only to fail).
 func (r *Relay) Run(ctx context.Context) error {
+	if !r.ran.CompareAndSwap(false, true) {
+		return ErrRelayUsed
+	}
 	var wake worker.Signal
 	var wg sync.WaitGroup
 	if !r.cfg.DisableListen {
