@@ -59,8 +59,8 @@ func bg() context.Context { return context.Background() }
 // ---------------------------------------------------------------------------
 // ids
 
-// id returns a name unique to this run: "<prefix>_<run>_<random>".
-func id(prefix string) string { return prefix + "_" + s.run + "_" + randomHex(3) }
+// id returns a name unique to this run: "<prefix>_<run>_<64 random bits>".
+func id(prefix string) string { return prefix + "_" + s.run + "_" + randomHex(8) }
 
 // oldEventID is a UUIDv7 whose embedded time is at: what a producer would
 // have assigned then.
