@@ -50,11 +50,15 @@ func TestAddRefusesAnEventTooLargeForOneMessage(t *testing.T) {
 	roomy := paddedEvent(t, outbox.MaxMessageBytes/2)
 	roomy.Payload = json.RawMessage(strings.Replace(string(roomy.Payload), ":", ":"+strings.Repeat(" ", outbox.MaxMessageBytes/2), 1))
 	// The largest payload that fits beside the envelope and the relay's
-	// attributes, found by trying: a byte more must be refused.
+	// attributes, found by trying: a byte more must be refused. The events
+	// tried share one occurred_at: a timestamp is printed without its
+	// trailing zeros, so two events a microsecond apart can differ by a byte.
+	at := paddedEvent(t, 0).OccurredAt
+	sized := func(n int) events.Envelope { e := paddedEvent(t, n); e.OccurredAt = at; return e }
 	lo, hi := 0, outbox.MaxMessageBytes
 	for lo < hi {
 		mid := (lo + hi + 1) / 2
-		if outbox.QueueAdd(ctx, &pgx.Batch{}, paddedEvent(t, mid)) == nil {
+		if outbox.QueueAdd(ctx, &pgx.Batch{}, sized(mid)) == nil {
 			lo = mid
 		} else {
 			hi = mid - 1
@@ -63,7 +67,7 @@ func TestAddRefusesAnEventTooLargeForOneMessage(t *testing.T) {
 	if lo < outbox.MaxMessageBytes-1024 {
 		t.Fatalf("the largest payload accepted pads %d bytes, want within 1 KiB of %d", lo, outbox.MaxMessageBytes)
 	}
-	fits := paddedEvent(t, lo)
+	fits := sized(lo)
 	addCommitted(t, ctx, pool, roomy, fits)
 	if n := count(t, pool, `SELECT count(*) FROM outbox`); n != 2 {
 		t.Fatalf("outbox rows = %d, want the 2 that fit", n)
