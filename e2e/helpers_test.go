@@ -167,9 +167,7 @@ func upi(user string, amount int64) cart {
 // pay creates a payment under a fresh Idempotency-Key and requires 201.
 func pay(t testing.TB, user string, amount int64) payment {
 	t.Helper()
-	// 8 random bytes, not id's 3: the storm makes 1,000 keys in one run,
-	// and 24 bits collide among them about once in 30 runs (a 422).
-	key := "k_" + s.run + "_" + randomHex(8)
+	key := id("k")
 	code, _, b := do(t, http.MethodPost, s.paymentsURL+"/v1/payments", map[string]string{"Idempotency-Key": key}, upi(user, amount))
 	if code != http.StatusCreated {
 		t.Fatalf("POST /v1/payments: %d %s", code, b)

@@ -19,10 +19,12 @@ func TestSenderKilledInSendingAfterTheProviderAcceptedDeliversExactlyOneSMS(t *t
 	l := local(t)
 	knobs := []string{"SMS_PROVIDER_TIMEOUT=1s", "SENDING_LEASE=3s"}
 	restartWith(t, "notifications", append(knobs, "FAILPOINTS=in-sending")...)
-	smsControl(t, map[string]any{"hang_ms": 5000, "hang_next": 1, "hang_after_accept": true})
-	t.Cleanup(func() { smsControl(t, map[string]any{"hang_next": 0}) })
-
 	user := id("u_e2e9")
+	// Aimed at this user's SMS: another scenario's, still in flight, must
+	// not spend the hang.
+	smsControl(t, map[string]any{"hang_ms": 5000, "hang_next": 1, "hang_after_accept": true, "to": user})
+	t.Cleanup(func() { smsControl(t, map[string]any{"hang_next": 0, "to": ""}) })
+
 	p := pay(t, user, 120000)
 	waitCredits(t, p.ID, 1)
 	ce := outboxEventID(t, s.rewDB, p.ID, contract.CashbackCredited)

@@ -239,10 +239,11 @@ func TestSIGTERMToPaymentsUnderLoadAnswersWhatItBeganAndARetryWithTheSameKeyMake
 func TestSIGTERMDuringAHangingSMSCallWaitsForItRecordsSentAndExitsZero(t *testing.T) {
 	l := local(t)
 	restartWith(t, "notifications")
-	smsControl(t, map[string]any{"hang_ms": 3000, "hang_next": 1, "hang_after_accept": false})
-	t.Cleanup(func() { smsControl(t, map[string]any{"hang_next": 0}) })
-
 	user := id("u_e2e19c")
+	// Aimed at this user's SMS: 19b's, still in flight, must not spend it.
+	smsControl(t, map[string]any{"hang_ms": 3000, "hang_next": 1, "hang_after_accept": false, "to": user})
+	t.Cleanup(func() { smsControl(t, map[string]any{"hang_next": 0, "to": ""}) })
+
 	p := pay(t, user, 120000)
 	waitCredits(t, p.ID, 1)
 	ce := outboxEventID(t, s.rewDB, p.ID, contract.CashbackCredited)

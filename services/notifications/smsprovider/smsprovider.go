@@ -64,15 +64,20 @@ type Control struct {
 	// counted and delivered, so a client that times out does not know it
 	// was accepted (the crash-in-SENDING case). Otherwise it happens before.
 	HangAfterAccept *bool `json:"hang_after_accept,omitempty"`
+	// To aims the failures and hangs at send requests to this recipient;
+	// requests to anyone else pass untouched and spend none of them. Empty
+	// (the default): every request.
+	To *string `json:"to,omitempty"`
 }
 
 // control is the effective fault state.
 type control struct {
-	FailNext        int  `json:"fail_next"`
-	FailStatus      int  `json:"fail_status"`
-	HangMS          int  `json:"hang_ms"`
-	HangNext        int  `json:"hang_next"`
-	HangAfterAccept bool `json:"hang_after_accept"`
+	FailNext        int    `json:"fail_next"`
+	FailStatus      int    `json:"fail_status"`
+	HangMS          int    `json:"hang_ms"`
+	HangNext        int    `json:"hang_next"`
+	HangAfterAccept bool   `json:"hang_after_accept"`
+	To              string `json:"to"`
 }
 
 // Delivery is one delivered message, as GET /v1/deliveries lists it.
@@ -206,8 +211,13 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request) {
 	sk := scopedKey{service.ClientOf(r.Context()), key}
 	s.mu.Lock()
 	s.requests[sk]++
-	hang, hangAfter := s.takeHang()
-	if s.ctl.FailNext > 0 {
+	aimed := s.ctl.To == "" || s.ctl.To == req.To
+	var hang time.Duration
+	var hangAfter bool
+	if aimed {
+		hang, hangAfter = s.takeHang()
+	}
+	if aimed && s.ctl.FailNext > 0 {
 		s.ctl.FailNext--
 		status := s.ctl.FailStatus
 		s.mu.Unlock()
@@ -340,6 +350,9 @@ func (s *Server) SetControl(c Control) {
 	}
 	if c.HangAfterAccept != nil {
 		s.ctl.HangAfterAccept = *c.HangAfterAccept
+	}
+	if c.To != nil {
+		s.ctl.To = *c.To
 	}
 }
 

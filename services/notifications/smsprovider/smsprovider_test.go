@@ -255,6 +255,37 @@ func TestHangBeforeAccept(t *testing.T) {
 	}
 }
 
+// "to" aims the faults at one recipient: a scenario's hang or failure is
+// not spent on another's SMS that happens to be in flight. The others pass
+// untouched; "to":"" aims them at every request again.
+func TestFaultsAimedAtOneRecipientLeaveTheOthersAlone(t *testing.T) {
+	_, srv := start(t)
+	c := sms.NewHTTPProvider(srv.URL, sendKey, 200*time.Millisecond)
+	ctx := context.Background()
+	control(t, srv.URL, `{"to":"u_target","fail_next":1,"hang_ms":1500,"hang_after_accept":false}`)
+	t0 := time.Now()
+	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:other", To: "u_other", Body: "hi"}); err != nil {
+		t.Fatalf("a send to another recipient: %v, want accepted", err)
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Errorf("a send to another recipient took %v: the hang was spent on it", d)
+	}
+	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:t1", To: "u_target", Body: "hi"}); sms.Classify(err) != sms.Unknown {
+		t.Errorf("the first send to the target: %v, want the injected failure (an unknown outcome)", err)
+	}
+	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:t2", To: "u_target", Body: "hi"}); err != nil {
+		t.Errorf("the second send to the target: %v, want accepted (one failure, its hang spent with it)", err)
+	}
+	control(t, srv.URL, `{"to":"","fail_next":1}`)
+	if _, err := c.Send(ctx, sms.Message{IdempotencyKey: "sms:any", To: "u_other", Body: "hi"}); sms.Classify(err) != sms.Unknown {
+		t.Errorf(`after "to":"" a send to anyone: %v, want the injected failure`, err)
+	}
+	d := deliveries(t, srv.URL)
+	if d.Total != 2 {
+		t.Errorf("deliveries = %+v; want 2 (sms:other, sms:t2)", d)
+	}
+}
+
 // Concurrent requests under one key deliver once, all get the same id.
 func TestConcurrentSameKey(t *testing.T) {
 	p, srv := start(t)
