@@ -41,9 +41,9 @@ test: deps
 	WITH_MOTO=true GO='$(GO)' PKGS='$(PKGS)' TEST_FLAGS='$(TEST_FLAGS)' E2E_FLAGS='$(E2E_FLAGS)' \
 		SQS_PKGS='$(SQS_PKGS)' E2E_QUEUE_RUN='$(E2E_QUEUE_RUN)' $(STACK) with scripts/test.sh
 
-## fuzz: each fuzz target for FUZZTIME (default 8s; make test runs this):
+## fuzz: each fuzz target for FUZZTIME (default 5s; make test runs this):
 ## the envelope decoder and each consumer's payload decoding
-FUZZTIME    ?= 8s
+FUZZTIME    ?= 5s
 FUZZ_TARGETS = ./pkg/events:FuzzDecode ./pkg/events:FuzzDuplicateField ./pkg/events:FuzzAppendJSON ./services/rewards/cashback:FuzzDecodePayment ./services/notifications/intent:FuzzBuild
 fuzz:
 	@GO='$(GO)' FUZZTIME='$(FUZZTIME)' scripts/fuzz.sh $(FUZZ_TARGETS)

@@ -8,7 +8,7 @@
 # panic, is run again, up to twice more; any other failure fails at once.
 set -uo pipefail
 GO=${GO:-go}
-FUZZTIME=${FUZZTIME:-8s}
+FUZZTIME=${FUZZTIME:-5s}
 
 # fuzz_once PKG NAME LOG: one run, its output shown and kept in LOG.
 fuzz_once() {
