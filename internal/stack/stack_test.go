@@ -105,6 +105,29 @@ func hermeticEnv(t *testing.T) map[string]string {
 	return env
 }
 
+// startLocal is StartLocal on env, choosing the services' ports again
+// when one hermeticEnv chose was taken before the stack could bind it:
+// other test processes (a moto, a fauxqs) pick from the same range. The
+// refusal itself is TestPortInUse's.
+func startLocal(ctx context.Context, t *testing.T, env map[string]string) *Local {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		l, err := StartLocal(ctx, Options{Env: env, LogDir: t.TempDir()})
+		var pe *PortInUseError
+		if errors.As(err, &pe) && attempt < 3 {
+			t.Logf("%v: choosing the ports again", err)
+			for _, name := range Services {
+				env[bases[name].urlVar] = "http://127.0.0.1:" + strconv.Itoa(mustFreePort(t))
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+}
+
 func mustRoot(t *testing.T) string {
 	t.Helper()
 	root, err := RepoRoot()
@@ -174,10 +197,7 @@ func TestLocal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	l, err := StartLocal(ctx, Options{Env: env, LogDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := startLocal(ctx, t, env)
 	t.Cleanup(func() { _ = l.Close() }) // before the databases are dropped (cleanups run last-in first-out)
 	t.Logf("StartLocal (build + 4 processes ready): %v", time.Since(t0).Round(time.Millisecond))
 
@@ -288,7 +308,7 @@ func TestLocal(t *testing.T) {
 	if err := l.Kill(Notifications); err != nil {
 		t.Fatal(err)
 	}
-	err = l.Start(Notifications, "SENDING_POLICY_CASHBACK=bogus")
+	err := l.Start(Notifications, "SENDING_POLICY_CASHBACK=bogus")
 	if err == nil || !strings.Contains(err.Error(), "exited while starting") || !strings.Contains(err.Error(), "bogus") {
 		t.Fatalf("Start with a bad config = %v, want 'exited while starting' with the log", err)
 	}
