@@ -99,10 +99,16 @@ func hermeticEnv(t *testing.T) map[string]string {
 		"REWARDS_QUEUE":              rq[strings.LastIndex(rq, "/")+1:],
 		"QUEUE_WAIT":                 "10s",
 	}
+	choosePorts(t, env)
+	return env
+}
+
+// choosePorts gives every service a free loopback port in env.
+func choosePorts(t *testing.T, env map[string]string) {
+	t.Helper()
 	for _, name := range Services {
 		env[bases[name].urlVar] = "http://127.0.0.1:" + strconv.Itoa(mustFreePort(t))
 	}
-	return env
 }
 
 // startLocal is StartLocal on env, choosing the services' ports again
@@ -116,9 +122,7 @@ func startLocal(ctx context.Context, t *testing.T, env map[string]string) *Local
 		var pe *PortInUseError
 		if errors.As(err, &pe) && attempt < 3 {
 			t.Logf("%v: choosing the ports again", err)
-			for _, name := range Services {
-				env[bases[name].urlVar] = "http://127.0.0.1:" + strconv.Itoa(mustFreePort(t))
-			}
+			choosePorts(t, env)
 			continue
 		}
 		if err != nil {

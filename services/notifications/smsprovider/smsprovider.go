@@ -211,13 +211,8 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request) {
 	sk := scopedKey{service.ClientOf(r.Context()), key}
 	s.mu.Lock()
 	s.requests[sk]++
-	aimed := s.ctl.To == "" || s.ctl.To == req.To
-	var hang time.Duration
-	var hangAfter bool
-	if aimed {
-		hang, hangAfter = s.takeHang()
-	}
-	if aimed && s.ctl.FailNext > 0 {
+	hang, hangAfter := s.takeHang(req.To)
+	if s.ctl.FailNext > 0 && s.aimedAt(req.To) {
 		s.ctl.FailNext--
 		status := s.ctl.FailStatus
 		s.mu.Unlock()
@@ -257,9 +252,14 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, resp)
 }
 
-// takeHang consumes one hang, if any. Call with mu held.
-func (s *Server) takeHang() (time.Duration, bool) {
-	if s.ctl.HangNext <= 0 || s.ctl.HangMS <= 0 {
+// aimedAt reports whether the faults apply to a send to this recipient
+// (Control.To). Call with mu held.
+func (s *Server) aimedAt(to string) bool { return s.ctl.To == "" || s.ctl.To == to }
+
+// takeHang consumes one hang for a send to this recipient, if any. Call
+// with mu held.
+func (s *Server) takeHang(to string) (time.Duration, bool) {
+	if s.ctl.HangNext <= 0 || s.ctl.HangMS <= 0 || !s.aimedAt(to) {
 		return 0, false
 	}
 	s.ctl.HangNext--
