@@ -44,7 +44,7 @@ test: deps
 ## fuzz: each fuzz target for FUZZTIME (default 5s; make test runs this):
 ## the envelope decoder and each consumer's payload decoding
 FUZZTIME    ?= 5s
-FUZZ_TARGETS = ./pkg/events:FuzzDecode ./pkg/events:FuzzDuplicateField ./pkg/events:FuzzAppendJSON ./services/rewards/cashback:FuzzDecodePayment ./services/notifications/intent:FuzzBuild
+FUZZ_TARGETS = ./pkg/events:FuzzDecode ./pkg/events:FuzzDuplicateField ./pkg/events:FuzzAppendJSON ./services/rewards/cashback/terms:FuzzDecodePayment ./services/notifications/intent/compose:FuzzBuild
 fuzz:
 	@GO='$(GO)' FUZZTIME='$(FUZZTIME)' scripts/fuzz.sh $(FUZZ_TARGETS)
 

@@ -19,6 +19,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/effectively-once/payments-cashback/services/rewards/cashback"
+	"github.com/effectively-once/payments-cashback/services/rewards/cashback/terms"
 )
 
 // RateBP is the cashback rate of this example, 2%. (The rewards service
@@ -92,11 +93,11 @@ func (a *App) Handle(ctx context.Context, e events.Envelope) error {
 	if e.EventType != contract.PaymentSucceeded {
 		return sqstransport.Permanent(fmt.Errorf("dynamocashback does not handle event type %q", e.EventType))
 	}
-	pay, err := cashback.DecodeSucceeded(e)
+	pay, err := terms.DecodeSucceeded(e)
 	if err != nil {
 		return sqstransport.Permanent(err)
 	}
-	amount, err := cashback.Amount(pay.AmountPaise, RateBP)
+	amount, err := terms.Amount(pay.AmountPaise, RateBP)
 	if err != nil {
 		return sqstransport.Permanent(err)
 	}
@@ -124,7 +125,7 @@ func (a *App) Handle(ctx context.Context, e events.Envelope) error {
 // credit is the effect: the credit item, conditioned on its payment being
 // new, and the wallet's balance and count moved with ADD, which is atomic
 // on the item; both commit with the dedupe item or not at all.
-func (a *App) credit(e events.Envelope, pay cashback.PaymentPayload, amount int64) idemdynamo.Effect {
+func (a *App) credit(e events.Envelope, pay terms.PaymentPayload, amount int64) idemdynamo.Effect {
 	return func(context.Context) ([]types.TransactWriteItem, error) {
 		return []types.TransactWriteItem{
 			{Put: &types.Put{

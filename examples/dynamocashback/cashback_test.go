@@ -18,7 +18,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 	"github.com/effectively-once/payments-cashback/services/contract"
-	"github.com/effectively-once/payments-cashback/services/rewards/cashback"
+	"github.com/effectively-once/payments-cashback/services/rewards/cashback/terms"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -49,7 +49,7 @@ func newEnv(t *testing.T, rdb redis.UniversalClient) fixture {
 
 func payment(t *testing.T, paymentID, user string, amount int64) events.Envelope {
 	t.Helper()
-	e, err := events.New(contract.PaymentSucceeded, paymentID, 1, cashback.PaymentPayload{
+	e, err := events.New(contract.PaymentSucceeded, paymentID, 1, terms.PaymentPayload{
 		PaymentID: paymentID, UserID: user, AmountPaise: amount, Currency: "INR", Status: "SUCCEEDED",
 	})
 	if err != nil {

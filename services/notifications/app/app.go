@@ -25,6 +25,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/worker"
 	"github.com/effectively-once/payments-cashback/services/notifications/api"
 	"github.com/effectively-once/payments-cashback/services/notifications/intent"
+	"github.com/effectively-once/payments-cashback/services/notifications/intent/compose"
 	"github.com/effectively-once/payments-cashback/services/notifications/migrations"
 	"github.com/effectively-once/payments-cashback/services/notifications/sender"
 	"github.com/effectively-once/payments-cashback/services/notifications/sms"
@@ -95,8 +96,8 @@ type Config struct {
 func (c Config) Policies() (map[string]sender.Policy, error) {
 	out := map[string]sender.Policy{}
 	for kind, v := range map[string]string{
-		intent.KindCashback:         c.PolicyCashback,
-		intent.KindCashbackReversed: c.PolicyCashbackReversed,
+		compose.KindCashback:         c.PolicyCashback,
+		compose.KindCashbackReversed: c.PolicyCashbackReversed,
 	} {
 		p, err := sender.ParsePolicy(v)
 		if err != nil {
@@ -291,7 +292,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 func receiver(inbox *idempotent.Inbox) sqstransport.Handler {
 	store := inboxsqs.Handler(inbox, idempotent.ByAggregate)
 	return func(ctx context.Context, d sqstransport.Delivery) error {
-		if _, err := intent.Build(d.Envelope); err != nil {
+		if _, err := compose.Build(d.Envelope); err != nil {
 			return err // permanent
 		}
 		return store(ctx, d)
@@ -308,7 +309,7 @@ func batchReceiver(inbox *idempotent.Inbox) sqstransport.BatchHandler {
 		ok := make([]sqstransport.Delivery, 0, len(ds))
 		var at []int
 		for i, d := range ds {
-			if _, err := intent.Build(d.Envelope); err != nil {
+			if _, err := compose.Build(d.Envelope); err != nil {
 				errs[i] = err // permanent
 				continue
 			}

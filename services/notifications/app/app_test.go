@@ -24,6 +24,7 @@ import (
 	"github.com/effectively-once/payments-cashback/services/notifications/api"
 	"github.com/effectively-once/payments-cashback/services/notifications/app"
 	"github.com/effectively-once/payments-cashback/services/notifications/intent"
+	"github.com/effectively-once/payments-cashback/services/notifications/intent/compose"
 	"github.com/effectively-once/payments-cashback/services/notifications/sender"
 	"github.com/effectively-once/payments-cashback/services/notifications/smsprovider"
 )
@@ -201,7 +202,7 @@ func TestIntentRecordedOnceAndSentOnce(t *testing.T) {
 	if len(ds) != 1 || ds[0].IdempotencyKey != key || ds[0].Requests != 1 {
 		t.Fatalf("provider deliveries = %+v; want one, under %s, one request", ds, key)
 	}
-	if n.IdempotencyKey != key || n.Channel != "sms" || n.Kind != intent.KindCashback || n.Attempts != 1 ||
+	if n.IdempotencyKey != key || n.Channel != "sms" || n.Kind != compose.KindCashback || n.Attempts != 1 ||
 		n.ProviderMessageID == nil || *n.ProviderMessageID != ds[0].MessageID || n.SentAt == nil ||
 		!strings.Contains(n.Body, "₹24.00") || !strings.Contains(n.Body, "pay_42") {
 		t.Errorf("notification = %+v; want SENT once with key %s and message id %s", n, key, ds[0].MessageID)
@@ -257,7 +258,7 @@ func TestReversalNotified(t *testing.T) {
 		return s.count(`SELECT count(*) FROM notifications WHERE status = 'SENT'`) == 2
 	})
 	n := s.notifications(r)
-	if len(n) != 1 || n[0].Kind != intent.KindCashbackReversed || !strings.Contains(n[0].Body, "reversed") {
+	if len(n) != 1 || n[0].Kind != compose.KindCashbackReversed || !strings.Contains(n[0].Body, "reversed") {
 		t.Errorf("reversal notification = %+v", n)
 	}
 	if len(s.provider.Deliveries()) != 2 {
@@ -319,10 +320,10 @@ func TestPolicyConfiguration(t *testing.T) {
 	if s.app.Sender.CanLookup() {
 		t.Error("SMS_PROVIDER_LOOKUP=false left lookup on")
 	}
-	if p := s.app.Sender.PolicyFor(intent.KindCashback); p != sender.PolicySkip {
+	if p := s.app.Sender.PolicyFor(compose.KindCashback); p != sender.PolicySkip {
 		t.Errorf("policy for cashback = %s, want skip", p)
 	}
-	if p := s.app.Sender.PolicyFor(intent.KindCashbackReversed); p != sender.PolicyResend {
+	if p := s.app.Sender.PolicyFor(compose.KindCashbackReversed); p != sender.PolicyResend {
 		t.Errorf("policy for cashback_reversed = %s, want resend", p)
 	}
 	if _, err := app.New(context.Background(), app.Config{PolicyCashback: "maybe", PolicyCashbackReversed: "resend", Port: "0", Access: testAccess}, nil, nil, nil, slog.Default()); err == nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/contract"
 	"github.com/effectively-once/payments-cashback/services/notifications/intent"
+	"github.com/effectively-once/payments-cashback/services/notifications/intent/compose"
 	"github.com/effectively-once/payments-cashback/services/notifications/migrations"
 	"github.com/effectively-once/payments-cashback/services/notifications/sender"
 	"github.com/effectively-once/payments-cashback/services/notifications/sms"
@@ -245,7 +246,7 @@ func TestCrashInSendingNoLookupResend(t *testing.T) {
 	noLookup := sms.WithoutLookup(e.client)
 	e.crash(e.sender(noLookup, fast()), ev)
 	cfg := fast()
-	cfg.Policies = map[string]sender.Policy{intent.KindCashback: sender.PolicyResend}
+	cfg.Policies = map[string]sender.Policy{compose.KindCashback: sender.PolicyResend}
 	s := e.sender(noLookup, cfg)
 	if s.CanLookup() {
 		t.Fatal("WithoutLookup should hide lookup")
@@ -279,7 +280,7 @@ func TestCrashInSendingNoLookupSkip(t *testing.T) {
 	noLookup := sms.WithoutLookup(e.client)
 	e.crash(e.sender(noLookup, fast()), ev)
 	cfg := fast()
-	cfg.Policies = map[string]sender.Policy{intent.KindCashback: sender.PolicySkip}
+	cfg.Policies = map[string]sender.Policy{compose.KindCashback: sender.PolicySkip}
 	s := e.sender(noLookup, cfg)
 	reconcile(t, s)
 	if r := e.row(ev); r.Status != "FAILED" || deref(r.Reason) != sender.ReasonUnknownOutcome {
@@ -386,7 +387,7 @@ func TestProviderHangsNoLookupSkip(t *testing.T) {
 	ev := e.intent()
 	e.provider.SetControl(smsprovider.Control{HangMS: ptr(400)})
 	cfg := fast()
-	cfg.Policies = map[string]sender.Policy{intent.KindCashback: sender.PolicySkip}
+	cfg.Policies = map[string]sender.Policy{compose.KindCashback: sender.PolicySkip}
 	s := e.sender(sms.WithoutLookup(e.client), cfg)
 	s.SendOnce(context.Background())
 	if r := e.row(ev); r.Status != "FAILED" || deref(r.Reason) != sender.ReasonUnknownOutcome {
@@ -506,7 +507,7 @@ func TestProvider5xxIsAnUnknownOutcome(t *testing.T) {
 		e := setup(t)
 		ev := e.intent()
 		cfg := fast()
-		cfg.Policies = map[string]sender.Policy{intent.KindCashback: sender.PolicySkip}
+		cfg.Policies = map[string]sender.Policy{compose.KindCashback: sender.PolicySkip}
 		s := e.sender(sms.WithoutLookup(e.acceptThenFail()), cfg)
 		for range 3 {
 			if _, err := s.SendOnce(context.Background()); err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 	"github.com/effectively-once/payments-cashback/services/rewards/api"
 	"github.com/effectively-once/payments-cashback/services/rewards/cashback"
+	"github.com/effectively-once/payments-cashback/services/rewards/cashback/terms"
 	"github.com/effectively-once/payments-cashback/services/rewards/migrations"
 )
 
@@ -89,7 +90,7 @@ func (c Config) parse() (service.Front, error) {
 	if err := idempotent.ValidateRetention(c.DedupeRetention, sqsMaxRetention); err != nil {
 		l.Add(fmt.Errorf("DEDUPE_RETENTION: %w", err))
 	}
-	l.Int("REWARDS_MAX_RATE_BP", c.MaxRateBP, 0, cashback.MaxRateBP)
+	l.Int("REWARDS_MAX_RATE_BP", c.MaxRateBP, 0, terms.MaxRateBP)
 	l.Positive("REWARDS_RATE_MIN_LEAD", c.RateMinLead)
 	return front, l.Err()
 }

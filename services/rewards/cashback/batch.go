@@ -15,6 +15,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 	"github.com/effectively-once/payments-cashback/services/contract"
+	"github.com/effectively-once/payments-cashback/services/rewards/cashback/terms"
 )
 
 // batchItem is one fresh event of a batch and the context of its delivery.
@@ -108,7 +109,7 @@ func creditNew(ctx context.Context, tx pgx.Tx, batch []batchItem, set []int) (se
 			return nil, &idempotent.ItemError{Index: k, Err: fmt.Errorf("%w (%s)", ErrNoRate, f.e.OccurredAt.Format(time.RFC3339Nano))}
 		}
 		c := newCredit{item: batch[k], rate: *rates[j]}
-		if c.amount, err = Amount(f.pay.AmountPaise, c.rate); err != nil {
+		if c.amount, err = terms.Amount(f.pay.AmountPaise, c.rate); err != nil {
 			return nil, &idempotent.ItemError{Index: k, Err: sqstransport.Permanent(err)}
 		}
 		if c.event, err = creditedEvent(f.e, *f.pay, c.rate, c.amount); err != nil {
@@ -202,7 +203,7 @@ func writeCredits(ctx context.Context, tx pgx.Tx, credits []newCredit) error {
 		if err := outbox.QueueAdd(c.item.ctx, b, c.event); err != nil {
 			return err
 		}
-		pays[i], users[i], recipients[i] = f.pay.PaymentID, f.pay.UserID, f.pay.recipient()
+		pays[i], users[i], recipients[i] = f.pay.PaymentID, f.pay.UserID, f.pay.Recipient()
 		paid[i], amounts[i], versions[i] = f.pay.AmountPaise, c.amount, f.e.AggregateVersion
 		rates[i], ids[i], at[i] = int32(c.rate), f.e.EventID, f.e.OccurredAt
 		wallet[f.pay.UserID] += c.amount
@@ -219,7 +220,7 @@ func writeCredits(ctx context.Context, tx pgx.Tx, credits []newCredit) error {
 			WITH ORDINALITY AS t(p, u, r, pa, rb, a, id, v, at, n)
 		ORDER BY n
 		ON CONFLICT (payment_id) DO NOTHING`,
-		pays, users, recipients, paid, Currency, rates, amounts, ids, versions, at)
+		pays, users, recipients, paid, terms.Currency, rates, amounts, ids, versions, at)
 	b.Queue(`INSERT INTO wallets (user_id, balance_paise)
 		SELECT u, d FROM unnest($1::text[], $2::int8[]) WITH ORDINALITY AS t(u, d, n) ORDER BY n
 		ON CONFLICT (user_id) DO UPDATE SET balance_paise = wallets.balance_paise + EXCLUDED.balance_paise, updated_at = now()`,

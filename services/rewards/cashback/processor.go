@@ -1,3 +1,22 @@
+// Package cashback is the rewards service's domain: it turns payment events
+// into cashback credits, wallet movements and CashbackCredited /
+// CashbackReversed events, each exactly once.
+//
+// Every payment event is applied through an idempotent.Consumer named
+// "rewards", so the dedupe row (rewards, event_id), the credit, the wallet
+// change and the outbox row commit in one transaction or not at all. Behind
+// the dedupe key stand two more guards:
+//
+//   - the business key: cashback_credits.payment_id is UNIQUE, so the same
+//     payment under a second event id (a buggy upstream) credits nothing
+//     the second time; that copy is logged as a warning and acked;
+//   - versioned state per payment (payment_versions): a refund is terminal.
+//     PaymentRefunded reverses the credit once; a PaymentSucceeded copy that
+//     arrives after the refund (stale, or overtaken by it) credits nothing.
+//
+// The rate is the one in force at the event's occurred_at (cashback_rates),
+// never "now", so a retry after a rate change credits what the first
+// attempt would have.
 package cashback
 
 import (
@@ -18,6 +37,7 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/outbox"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 	"github.com/effectively-once/payments-cashback/services/contract"
+	"github.com/effectively-once/payments-cashback/services/rewards/cashback/terms"
 )
 
 // ConsumerName scopes this service's dedupe keys in processed_messages.
@@ -152,7 +172,7 @@ type effect struct {
 	p     *Processor
 	e     events.Envelope
 	apply apply
-	pay   *PaymentPayload // decoded, for applyAll
+	pay   *terms.PaymentPayload // decoded, for applyAll
 
 	res Result
 }
@@ -220,16 +240,16 @@ type apply func(ctx context.Context, tx pgx.Tx) (Result, error)
 
 // effectFor decodes e and picks its effect, and returns its payload; an
 // error is permanent.
-func (p *Processor) effectFor(e events.Envelope) (apply, *PaymentPayload, error) {
+func (p *Processor) effectFor(e events.Envelope) (apply, *terms.PaymentPayload, error) {
 	switch e.EventType {
 	case contract.PaymentSucceeded:
-		pay, err := decodePayment(e, true)
+		pay, err := terms.DecodeSucceeded(e)
 		if err != nil {
 			return nil, nil, err
 		}
 		return func(ctx context.Context, tx pgx.Tx) (Result, error) { return credit(ctx, tx, e, pay) }, &pay, nil
 	case contract.PaymentRefunded:
-		pay, err := decodePayment(e, false)
+		pay, err := terms.DecodeRefunded(e)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -263,7 +283,7 @@ func lockPayment(ctx context.Context, tx pgx.Tx, paymentID, status string, versi
 }
 
 // credit applies PaymentSucceeded.
-func credit(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPayload) (Result, error) {
+func credit(ctx context.Context, tx pgx.Tx, e events.Envelope, pay terms.PaymentPayload) (Result, error) {
 	inserted, status, version, err := lockPayment(ctx, tx, pay.PaymentID, "SUCCEEDED", e.AggregateVersion, e.EventID)
 	if err != nil {
 		return "", err
@@ -289,7 +309,7 @@ func credit(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPayloa
 	if err != nil {
 		return "", err
 	}
-	amount, err := Amount(pay.AmountPaise, rate)
+	amount, err := terms.Amount(pay.AmountPaise, rate)
 	if err != nil {
 		return "", sqstransport.Permanent(err)
 	}
@@ -297,7 +317,7 @@ func credit(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPayloa
 		(payment_id, user_id, recipient, payment_amount_paise, currency, rate_bp, amount_paise, event_id, payment_version, occurred_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 		ON CONFLICT (payment_id) DO NOTHING`,
-		pay.PaymentID, pay.UserID, pay.recipient(), pay.AmountPaise, Currency, rate, amount, e.EventID, e.AggregateVersion, e.OccurredAt)
+		pay.PaymentID, pay.UserID, pay.Recipient(), pay.AmountPaise, terms.Currency, rate, amount, e.EventID, e.AggregateVersion, e.OccurredAt)
 	if err != nil {
 		return "", fmt.Errorf("insert credit: %w", err)
 	}
@@ -316,17 +336,17 @@ func credit(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPayloa
 
 // creditedEvent is the CashbackCredited of a credit of amount at rate for
 // the PaymentSucceeded e.
-func creditedEvent(e events.Envelope, pay PaymentPayload, rate int, amount int64) (events.Envelope, error) {
-	return events.New(contract.CashbackCredited, pay.PaymentID, creditedVersion, CreditedPayload{
+func creditedEvent(e events.Envelope, pay terms.PaymentPayload, rate int, amount int64) (events.Envelope, error) {
+	return events.New(contract.CashbackCredited, pay.PaymentID, terms.CreditedVersion, terms.CreditedPayload{
 		PaymentID: pay.PaymentID, UserID: pay.UserID, AmountPaise: amount, RateBP: rate,
-		PaymentAmountPaise: pay.AmountPaise, Currency: Currency, Recipient: pay.recipient(),
+		PaymentAmountPaise: pay.AmountPaise, Currency: terms.Currency, Recipient: pay.Recipient(),
 		SourceEventID: e.EventID.String(),
 	})
 }
 
 // reverse applies PaymentRefunded: the whole credit is reversed (partial
 // refunds are not modelled: any refund takes the cashback back).
-func reverse(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPayload) (Result, error) {
+func reverse(ctx context.Context, tx pgx.Tx, e events.Envelope, pay terms.PaymentPayload) (Result, error) {
 	inserted, status, _, err := lockPayment(ctx, tx, pay.PaymentID, "REFUNDED", e.AggregateVersion, e.EventID)
 	if err != nil {
 		return "", err
@@ -362,8 +382,8 @@ func reverse(ctx context.Context, tx pgx.Tx, e events.Envelope, pay PaymentPaylo
 	if err := moveWallet(ctx, tx, c.UserID, -c.Amount); err != nil {
 		return "", err
 	}
-	ev, err := events.New(contract.CashbackReversed, pay.PaymentID, reversedVersion, ReversedPayload{
-		PaymentID: pay.PaymentID, UserID: c.UserID, AmountPaise: c.Amount, RateBP: c.RateBP, Currency: Currency,
+	ev, err := events.New(contract.CashbackReversed, pay.PaymentID, terms.ReversedVersion, terms.ReversedPayload{
+		PaymentID: pay.PaymentID, UserID: c.UserID, AmountPaise: c.Amount, RateBP: c.RateBP, Currency: terms.Currency,
 		Recipient: c.Recipient, Reason: "payment refunded", SourceEventID: e.EventID.String(),
 	})
 	if err != nil {
@@ -386,4 +406,4 @@ func moveWallet(ctx context.Context, tx pgx.Tx, userID string, delta int64) erro
 // otelScope names this package's instrumentation (meter, tracer) by its import
 // path, read from the compiled package rather than written out, so that a
 // copy under another module path (gonew) names itself.
-var otelScope = reflect.TypeFor[PaymentPayload]().PkgPath()
+var otelScope = reflect.TypeFor[Processor]().PkgPath()

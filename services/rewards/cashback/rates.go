@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectively-once/payments-cashback/services/rewards/cashback/terms"
 )
 
 // Rate is one row of cashback_rates: rate_bp is in force from
@@ -92,8 +94,8 @@ const (
 // rules.MinLead from now (ErrRetroactiveRate), so no event that already
 // happened can ever see its rate change.
 func AddRate(ctx context.Context, pool *pgxpool.Pool, c RateChange, rules RateRules) (added Rate, previousBP int, err error) {
-	if rules.MinLead <= 0 || rules.MaxBP < 0 || rules.MaxBP > MaxRateBP {
-		return Rate{}, 0, fmt.Errorf("cashback: RateRules %+v: MinLead must be positive, MaxBP within 0..%d", rules, MaxRateBP)
+	if rules.MinLead <= 0 || rules.MaxBP < 0 || rules.MaxBP > terms.MaxRateBP {
+		return Rate{}, 0, fmt.Errorf("cashback: RateRules %+v: MinLead must be positive, MaxBP within 0..%d", rules, terms.MaxRateBP)
 	}
 	if c.RateBP < 0 || c.RateBP > rules.MaxBP {
 		return Rate{}, 0, fmt.Errorf("%w: rate_bp must be within 0..%d", ErrRateAboveCeiling, rules.MaxBP)

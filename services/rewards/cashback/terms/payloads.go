@@ -1,4 +1,4 @@
-package cashback
+package terms
 
 import (
 	"encoding/json"
@@ -53,12 +53,20 @@ type ReversedPayload struct {
 // Aggregate versions of the cashback events: one credit, one reversal per
 // payment, so the version says which came first.
 const (
-	creditedVersion = 1
-	reversedVersion = 2
+	CreditedVersion = 1
+	ReversedVersion = 2
 )
 
-// decodePayment reads and checks a payment event's payload. Its errors are
-// permanent: no redelivery changes the payload.
+// DecodeSucceeded reads and checks a PaymentSucceeded payload: ids that
+// are ids, the aggregate's payment, a user, a positive amount in INR. Its
+// errors are permanent: no redelivery changes the payload.
+func DecodeSucceeded(e events.Envelope) (PaymentPayload, error) { return decodePayment(e, true) }
+
+// DecodeRefunded reads and checks a PaymentRefunded payload: ids that are
+// ids and the aggregate's payment; the amount is the credit's, not the
+// payload's, so it is not required. Its errors are permanent.
+func DecodeRefunded(e events.Envelope) (PaymentPayload, error) { return decodePayment(e, false) }
+
 func decodePayment(e events.Envelope, needAmount bool) (PaymentPayload, error) {
 	var p PaymentPayload
 	if err := json.Unmarshal(e.Payload, &p); err != nil {
@@ -95,7 +103,9 @@ func clip(s string) string {
 	return s
 }
 
-func (p PaymentPayload) recipient() string {
+// Recipient is who hears of the cashback: the phone if the producer knew
+// it, else the user id.
+func (p PaymentPayload) Recipient() string {
 	if p.Phone != "" {
 		return p.Phone
 	}

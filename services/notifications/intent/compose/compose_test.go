@@ -1,12 +1,12 @@
-package intent
+package compose
 
 import (
 	"math"
 	"strings"
 	"testing"
 
+	"github.com/effectively-once/payments-cashback/pkg/errs"
 	"github.com/effectively-once/payments-cashback/pkg/events"
-	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
@@ -32,7 +32,7 @@ func TestBuild(t *testing.T) {
 		must(events.New(contract.PaymentSucceeded, "pay_42", 1, map[string]any{"user_id": "u_17"})),
 		must(events.New(contract.CashbackCredited, "pay_42", 1, map[string]any{"amount_paise": 2400})),
 	} {
-		if _, err := Build(bad); !sqstransport.IsPermanent(err) {
+		if _, err := Build(bad); !errs.IsPermanent(err) {
 			t.Errorf("Build(%s %s) = %v, want a permanent error", bad.EventType, bad.Payload, err)
 		}
 	}

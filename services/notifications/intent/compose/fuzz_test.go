@@ -1,4 +1,4 @@
-package intent
+package compose
 
 import (
 	"encoding/json"
@@ -9,8 +9,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/effectively-once/payments-cashback/pkg/errs"
 	"github.com/effectively-once/payments-cashback/pkg/events"
-	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
@@ -40,7 +40,7 @@ func FuzzBuild(f *testing.F) {
 		e := events.Envelope{EventID: id, EventType: eventType, AggregateID: "pay_42", Payload: json.RawMessage(payload)}
 		in, err := Build(e)
 		if err != nil {
-			if !sqstransport.IsPermanent(err) {
+			if !errs.IsPermanent(err) {
 				t.Fatalf("Build refused %q with a retryable error: %v", payload, err)
 			}
 			return

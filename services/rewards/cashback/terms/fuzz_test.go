@@ -1,4 +1,4 @@
-package cashback
+package terms
 
 import (
 	"encoding/json"
