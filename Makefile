@@ -5,7 +5,9 @@
 GO         ?= go
 STACK      := scripts/stack.sh
 PKGS       ?= $(shell $(GO) list ./... | grep -v '/e2e$$')
-TEST_FLAGS ?= -race -count=1
+# -parallel 8: the tests that call t.Parallel (each on a database and
+# queues of its own) mostly wait on PostgreSQL and SQS timers, not on the CPU.
+TEST_FLAGS ?= -race -count=1 -parallel 8
 E2E_FLAGS  ?= -count=1 -timeout 20m
 
 .DEFAULT_GOAL := help

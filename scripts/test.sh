@@ -22,7 +22,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GO=${GO:-go}
 MAKE=make # not $(MAKE): a recipe naming it would run under make -n
-TEST_FLAGS=${TEST_FLAGS:--race -count=1}
+TEST_FLAGS=${TEST_FLAGS:--race -count=1 -parallel 8}
 E2E_FLAGS=${E2E_FLAGS:--count=1 -timeout 20m}
 SQS_PKGS=${SQS_PKGS:-./pkg/sqstransport/ ./pkg/idempotent/inboxsqs/}
 PKGS=${PKGS:-$(cd "$ROOT" && $GO list ./... | grep -v '/e2e$')}

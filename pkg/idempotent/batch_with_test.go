@@ -35,6 +35,7 @@ func creditAll(items []idempotent.Item, evs []events.Envelope, amount int64, got
 // (not the keys processed before, not the second copy of a key within the
 // batch), and what it writes commits with the keys in one transaction.
 func TestHandleBatchWithAppliesOnlyTheFreshFirstCopiesInOneCall(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()
@@ -82,6 +83,7 @@ func TestHandleBatchWithAppliesOnlyTheFreshFirstCopiesInOneCall(t *testing.T) {
 // blames no item (or an item it was not given) fails no item: all of them
 // run alone.
 func TestHandleBatchWithFallsBackToEachItemsOwnEffect(t *testing.T) {
+	t.Parallel()
 	poison := errors.New("poison")
 	for _, tc := range []struct {
 		name    string

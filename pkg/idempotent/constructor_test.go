@@ -11,6 +11,7 @@ import (
 // a nil-pointer panic for the first message (or, for the Maintainer, at
 // once, with no error).
 func TestConstructorsRefuseANilPool(t *testing.T) {
+	t.Parallel()
 	for name, build := range map[string]func() (any, error){
 		"NewConsumer":   func() (any, error) { return idempotent.NewConsumer(nil, "rewards") },
 		"NewInbox":      func() (any, error) { return idempotent.NewInbox(nil, "notifications", idempotent.InboxConfig{}) },

@@ -73,6 +73,7 @@ func newConsumer(t *testing.T, pool *pgxpool.Pool, opts ...idempotent.Option) *i
 }
 
 func TestDuplicateInsertsNothingAndAppliesNothing(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()
@@ -100,6 +101,7 @@ func TestDuplicateInsertsNothingAndAppliesNothing(t *testing.T) {
 }
 
 func TestKeysAreScopedPerConsumer(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	e := newEvent(t, 100)
@@ -116,6 +118,7 @@ func TestKeysAreScopedPerConsumer(t *testing.T) {
 }
 
 func TestConcurrentDeliveriesApplyOnce(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()
@@ -158,6 +161,7 @@ func TestConcurrentDeliveriesApplyOnce(t *testing.T) {
 }
 
 func TestManyConcurrentCopies(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()
@@ -186,6 +190,7 @@ func TestManyConcurrentCopies(t *testing.T) {
 }
 
 func TestHandlerErrorLeavesNoKeyAndRedeliveryApplies(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()
@@ -216,6 +221,7 @@ func TestHandlerErrorLeavesNoKeyAndRedeliveryApplies(t *testing.T) {
 }
 
 func TestSameIDDifferentPayloadIsAConflict(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()
@@ -239,6 +245,7 @@ func TestSameIDDifferentPayloadIsAConflict(t *testing.T) {
 }
 
 func TestSerializationFailureIsRetried(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()
@@ -262,6 +269,7 @@ func TestSerializationFailureIsRetried(t *testing.T) {
 }
 
 func TestExpiredCopyIsRefused(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool, idempotent.WithRetention(time.Hour))
 	ctx := context.Background()
@@ -277,6 +285,7 @@ func TestExpiredCopyIsRefused(t *testing.T) {
 }
 
 func TestBatchAppliesNewSkipsDuplicatesAndSplitsOnFailure(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()
@@ -326,6 +335,7 @@ func TestBatchAppliesNewSkipsDuplicatesAndSplitsOnFailure(t *testing.T) {
 }
 
 func TestBatchWithoutFailuresIsOneTransaction(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()
@@ -361,6 +371,7 @@ func idAt(t time.Time) uuid.UUID {
 // transient error that loops until the queue's redrive drops it in the DLQ
 // with no reason. An id within the skew is applied as usual.
 func TestEventIDFarInTheFutureIsRefusedPermanently(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()

@@ -16,6 +16,7 @@ import (
 // than the window and an invalid envelope are refused permanently; and
 // refusals do not keep the rest from being stored.
 func TestInboxReceiveBatchStoresNewOnesInOneStatementAndJudgesEachCopy(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	m := newMetrics()
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider})
@@ -74,6 +75,7 @@ func TestInboxReceiveBatchStoresNewOnesInOneStatementAndJudgesEachCopy(t *testin
 // A batch that cannot be stored (the database refuses the statement)
 // stores nothing and leaves every message for redelivery: transient errors.
 func TestInboxReceiveBatchFailureStoresNothing(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	ctx, cancel := context.WithCancel(context.Background())

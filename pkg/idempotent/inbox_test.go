@@ -21,6 +21,7 @@ import (
 )
 
 func TestInboxReceiveStoresOnceAndRefusesConflicts(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	m := newMetrics()
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider})
@@ -82,6 +83,7 @@ func v7At(t time.Time) uuid.UUID {
 }
 
 func TestInboxRefusesMessagesOlderThanTheWindow(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	m := newMetrics()
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider}) // 15-day window
@@ -109,6 +111,7 @@ func TestInboxRefusesMessagesOlderThanTheWindow(t *testing.T) {
 }
 
 func TestInboxConfigValidatesRetention(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	if _, err := idempotent.NewInbox(pool, "x", idempotent.InboxConfig{Retention: 14 * 24 * time.Hour}); err == nil {
 		t.Fatal("a 14-day window on 14-day queues was accepted")
@@ -125,6 +128,7 @@ func TestInboxConfigValidatesRetention(t *testing.T) {
 // shuffled order, applied by 4 processors: every key's versions come out
 // 1..100 in order, and keys ran in parallel.
 func TestInboxAppliesShuffledArrivalsInPerKeyOrder(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	const keys, perKey = 10, 100
@@ -176,6 +180,7 @@ func TestInboxAppliesShuffledArrivalsInPerKeyOrder(t *testing.T) {
 }
 
 func TestInboxRetriesWithBackoffUntilDone(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	e := keyedEvent(t, "cb_1", 1)
@@ -222,6 +227,7 @@ func TestInboxRetriesWithBackoffUntilDone(t *testing.T) {
 }
 
 func TestInboxPoisonRowFailsBlocksItsKeyAndReplayUnblocks(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	m := newMetrics()
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider})
@@ -318,6 +324,7 @@ func TestInboxPoisonRowFailsBlocksItsKeyAndReplayUnblocks(t *testing.T) {
 // A v1 that arrives after v2 is DONE cannot be put before it: the inbox
 // still applies it (late), and the handler's own version check decides.
 func TestInboxLateLowerVersionIsStillDelivered(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	v1, v2 := keyedEvent(t, "cb_1", 1), keyedEvent(t, "cb_1", 2)
@@ -333,6 +340,7 @@ func TestInboxLateLowerVersionIsStillDelivered(t *testing.T) {
 
 // With a ReorderWindow, a v1 that arrives shortly after v2 still goes first.
 func TestInboxReorderWindowOrdersCloseArrivals(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	v1, v2 := keyedEvent(t, "cb_1", 1), keyedEvent(t, "cb_1", 2)
@@ -352,6 +360,7 @@ func TestInboxReorderWindowOrdersCloseArrivals(t *testing.T) {
 }
 
 func TestInboxBacklogFigures(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	m := newMetrics()
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider})
@@ -390,6 +399,7 @@ func TestInboxBacklogFigures(t *testing.T) {
 // replica may start it until v2's attempt has ended. Rows of one key are
 // applied one at a time, whatever arrives meanwhile.
 func TestInboxNeverRunsTwoRowsOfOneKeyAtOnce(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	v1, v2 := keyedEvent(t, "cb_1", 1), keyedEvent(t, "cb_1", 2)
@@ -436,6 +446,7 @@ func TestInboxNeverRunsTwoRowsOfOneKeyAtOnce(t *testing.T) {
 // for MetricsCacheTTL, and the counts stop at a bound, so a scrape costs the
 // same however large the backlog.
 func TestInboxGaugesAreCachedAndBounded(t *testing.T) {
+	t.Parallel()
 	defer idempotent.SetGaugeCap(5)()
 	pool := inboxSetup(t)
 	m := newMetrics()

@@ -37,6 +37,7 @@ func partitionOf(d time.Time) string { return "processed_messages_p" + d.UTC().F
 // deletes the expired DONE inbox rows and keeps PENDING and FAILED ones;
 // and a copy of an event from back then is refused.
 func TestMaintainerDropsExpiredPartitionsAndCleansTheInbox(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	ctx := context.Background()
 	now := time.Now()
@@ -121,6 +122,7 @@ func TestMaintainerDropsExpiredPartitionsAndCleansTheInbox(t *testing.T) {
 // after LockTimeout instead of queueing (and stalling every insert behind
 // it), and succeeds on a later round.
 func TestMaintainerGivesUpOnLocksInsteadOfStallingConsumers(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	ctx := context.Background()
 	long, err := pool.Begin(ctx) // a consumer in the middle of a 40 s effect

@@ -27,6 +27,7 @@ func panicking(context.Context, pgx.Tx) error {
 // Before, the panic escaped HandleBatch: the batch rolled back, no item ran
 // on its own, and the caller got no outcome at all.
 func TestAPanickingEffectFailsItsOwnItemAndItsNeighboursCommit(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	var logs testenv.Buffer
 	c := newConsumer(t, pool, idempotent.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
@@ -69,6 +70,7 @@ func TestAPanickingEffectFailsItsOwnItemAndItsNeighboursCommit(t *testing.T) {
 // A BatchEffect that panics rolls the batch back and the items run one at
 // a time with their own Effects: every item that does not panic commits.
 func TestAPanickingBatchEffectFallsBackToEachItemsOwnEffect(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()
@@ -98,6 +100,7 @@ func TestAPanickingBatchEffectFallsBackToEachItemsOwnEffect(t *testing.T) {
 // rolled back, key included, so a redelivery runs it again (and a
 // subscriber counts it towards MaxPanics, as a panic that reached it).
 func TestHandleTurnsAPanickingEffectIntoAFailureAndKeepsNothing(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()

@@ -32,6 +32,7 @@ var crashCfg = idempotent.ProcessorConfig{BatchSize: 1, ClaimHold: 300 * time.Mi
 // by itself once the claim's backoff expires (no rescuer), and the key's
 // next row must not overtake it.
 func TestProcessorKilledMidClaim(t *testing.T) {
+	t.Parallel()
 	if dsn := os.Getenv(crashChildEnv); dsn != "" {
 		crashChild(t, dsn)
 		return
@@ -155,6 +156,7 @@ func crashChild(t *testing.T, dsn string) {
 // never finishes its attempt. Each such attempt still counts, so a message
 // that keeps killing its processor ends FAILED instead of looping forever.
 func TestProcessorLostConnectionsCountAndEndFailed(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	e := keyedEvent(t, "cb_1", 1)
@@ -184,6 +186,7 @@ func TestProcessorLostConnectionsCountAndEndFailed(t *testing.T) {
 // by the other processors that see its row due again: the row lock of the
 // running attempt keeps them off.
 func TestProcessorNeverRunsSlowWorkTwice(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	e := keyedEvent(t, "cb_1", 1)
@@ -207,6 +210,7 @@ func TestProcessorNeverRunsSlowWorkTwice(t *testing.T) {
 
 // Cancelling Run lets the batch in progress commit instead of wasting it.
 func TestProcessorShutdownFinishesTheBatchInProgress(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	e := keyedEvent(t, "cb_1", 1)
@@ -233,6 +237,7 @@ func TestProcessorShutdownFinishesTheBatchInProgress(t *testing.T) {
 
 // A handler cannot end the processor's transaction behind its back.
 func TestProcessorHandlerCannotCommitItsTransaction(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	e := keyedEvent(t, "cb_1", 1)
@@ -262,6 +267,7 @@ func TestProcessorHandlerCannotCommitItsTransaction(t *testing.T) {
 // Workers that would hold every connection of the receiving pool are
 // refused: slow handlers would then stop Receive, and with it every ack.
 func TestProcessorRefusesToStarveTheReceiver(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t) // MaxConns 4 (pgxpool's default on small machines)
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
 	conns := int(pool.Config().MaxConns)
@@ -280,6 +286,7 @@ func TestProcessorRefusesToStarveTheReceiver(t *testing.T) {
 // row and key locks are released), the row goes back to PENDING with the
 // deadline as its last error and is retried, and the timeout is counted.
 func TestProcessorCutsAHungHandlerAtItsDeadline(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	m := newMetrics()
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{MeterProvider: m.Provider})
@@ -316,6 +323,7 @@ func TestProcessorCutsAHungHandlerAtItsDeadline(t *testing.T) {
 // the effect and the DONE mark, commits with the server's
 // synchronous_commit: the effect is as durable as any other commit.
 func TestProcessorClaimCommitsAsynchronouslyTheEffectDoesNot(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	ctx := context.Background()
 	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})

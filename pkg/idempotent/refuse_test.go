@@ -18,6 +18,7 @@ import (
 // without a hash, which would store a key no copy could be compared with,
 // is refused the same way.
 func TestHandleRefusesAKeyItCannotKeep(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()
@@ -55,6 +56,7 @@ func TestHandleRefusesAKeyItCannotKeep(t *testing.T) {
 // A nil Effect is a programming error, told as one (ErrNilEffect,
 // permanent) rather than as a recovered nil-pointer panic; nothing is kept.
 func TestHandleRefusesANilEffect(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool)
 	ctx := context.Background()

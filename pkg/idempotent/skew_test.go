@@ -19,6 +19,7 @@ import (
 // twice. The maintainer now forgets only ClockSkewMargin past the window,
 // so clocks that disagree by less than that cannot open the gap.
 func TestInboxCleanupAndReceiveOnSkewedClocksApplyOnce(t *testing.T) {
+	t.Parallel()
 	pool := inboxSetup(t)
 	ctx := context.Background()
 	e := keyedEvent(t, "cb_skew", 1)
@@ -82,6 +83,7 @@ func TestInboxCleanupAndReceiveOnSkewedClocksApplyOnce(t *testing.T) {
 // clock, found no key and was applied again. Dropping a partition only
 // ClockSkewMargin past the window keeps its keys for such a replica.
 func TestPartitionDropAndALaggingReplicasMigrateApplyOnce(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	const r = idempotent.DefaultRetention

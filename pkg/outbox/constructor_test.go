@@ -13,6 +13,7 @@ import (
 // A relay without its pool or its publisher is refused when it is built,
 // not found out by a nil-pointer panic at its first claim.
 func TestNewRelayNeedsAPoolAndAPublisher(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	_, _, pub := queue(t)
 	for name, build := range map[string]func() (*outbox.Relay, error){
@@ -29,6 +30,7 @@ func TestNewRelayNeedsAPoolAndAPublisher(t *testing.T) {
 // ErrRelayUsed at once instead of starting a second set of workers (or,
 // after the first returned, running without its gauges).
 func TestARelayRunsOnce(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	_, _, pub := queue(t)
 	r := newRelay(t, pool, pub, outbox.RelayConfig{DisableListen: true})

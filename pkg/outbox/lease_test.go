@@ -15,6 +15,7 @@ import (
 // RELAY_LEASE above MaxLease is refused at start, named; a Lease from code
 // is clamped to MaxLease, and the relay publishes.
 func TestALeaseAboveTheMaximumIsClampedInCodeAndRefusedFromTheEnvironment(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	lease := 25 * 24 * time.Hour
 	testenv.WantError(t, "RELAY_LEASE=600h", outbox.RelayEnv{Lease: lease}.Validate("RELAY_"),

@@ -50,6 +50,7 @@ func notifications(t *testing.T, conn *pgx.Conn, d time.Duration) int {
 // every notifying commit on the server). The wake-up is the Notifier's,
 // sent after the commit from its own connection.
 func TestAddSendsNoNotifyTheNotifierDoesAfterCommit(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	conn := listenConn(t, pool)
@@ -74,6 +75,7 @@ func TestAddSendsNoNotifyTheNotifierDoesAfterCommit(t *testing.T) {
 // Notify calls in a burst share NOTIFYs: at most one per MinInterval, and
 // always one after the last call, so no commit's wake-up is lost.
 func TestNotifierDebouncesAndSendsAfterTheLastCall(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	conn := listenConn(t, pool)
 	nf := outbox.NewNotifier(pool, outbox.NotifierConfig{MinInterval: 50 * time.Millisecond})

@@ -22,6 +22,7 @@ import (
 // published once, with the envelope as body and event_id, event_type and
 // the producer's traceparent as attributes.
 func TestAddWritesInsideCallersTransaction(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c, q, pub := queue(t)
 	relay := newRelay(t, pool, pub, outbox.RelayConfig{})
@@ -116,6 +117,7 @@ func TestAddWritesInsideCallersTransaction(t *testing.T) {
 // It validates the envelope, and adding the same event twice fails on the
 // primary key instead of publishing it twice.
 func TestAddValidatesAndRefusesDuplicates(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	c, q, pub := queue(t)
@@ -162,6 +164,7 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 // commits, with the trace context of its ctx, as Add's rows are; an invalid
 // event queues nothing.
 func TestQueueAddWritesWithTheBatchInTheCallersTransaction(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	tp := sdktrace.NewTracerProvider()
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })

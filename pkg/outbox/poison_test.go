@@ -17,6 +17,7 @@ import (
 // the whole claim failed and rolled back, and every later claim took the
 // same row first: the relay was stopped by one row.
 func TestOneUnencodableRowDoesNotStopTheRelay(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	c, q, pub := queue(t)

@@ -105,12 +105,14 @@ func TestCrashBetweenPublishAndMarkRepublishesAndConsumerAppliesOnce(t *testing.
 // mid-batch), consumers received each, and no relay logs an error (no
 // serialization failures, no deadlocks).
 func TestReplicasMarkEachRowExactlyOnce(t *testing.T) {
+	t.Parallel()
 	replicasPublishEachRowOnce(t, 10_000, outbox.RelayConfig{})
 }
 
 // The same with DeleteOnPublish, over fewer rows: each row is accepted by
 // the queue exactly once, and then it is gone from the table.
 func TestReplicasDeleteEachRowExactlyOnce(t *testing.T) {
+	t.Parallel()
 	replicasPublishEachRowOnce(t, 2_000, outbox.RelayConfig{DeleteOnPublish: true})
 }
 
@@ -238,6 +240,7 @@ func replicasPublishEachRowOnce(t *testing.T, rows int, cfg outbox.RelayConfig) 
 // With LISTEN, a committed Add wakes a relay at once, long before its
 // 10 s poll could fire.
 func TestListenWakesRelay(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	c, q, pub := queue(t)
@@ -268,6 +271,7 @@ func TestListenWakesRelay(t *testing.T) {
 
 // Without LISTEN (PgBouncer in transaction mode), polling alone publishes.
 func TestPollingWithoutListen(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	c, q, pub := queue(t)
@@ -438,6 +442,7 @@ func TestDeleteOnPublishDeletesOnlyWhatTheQueueAccepted(t *testing.T) {
 // retried in a sleep; the rest of its batch is published; it is published
 // once it is due again.
 func TestFailedSendsAreRetriedWithBackoff(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	c, q, pub := queue(t)
@@ -501,6 +506,7 @@ func TestFailedSendsAreRetriedWithBackoff(t *testing.T) {
 
 // A publisher error for the whole call reschedules every row of the batch.
 func TestPublisherErrorReschedulesTheBatch(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	_, _, pub := queue(t)
@@ -540,6 +546,7 @@ func TestPublisherErrorReschedulesTheBatch(t *testing.T) {
 // bug of its own) cannot unpublish that row: only the batch's rows are
 // rescheduled or marked.
 func TestPublisherNamingAnotherRowLeavesItPublished(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	_, _, pub := queue(t)
@@ -582,6 +589,7 @@ func (p *namingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Messag
 // every reschedule of the batch failed and rows were re-sent on every lease
 // expiry instead).
 func TestBackoffIsCappedAfterManyAttempts(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	_, _, pub := queue(t)
@@ -606,6 +614,7 @@ func TestBackoffIsCappedAfterManyAttempts(t *testing.T) {
 // Cleanup deletes published rows older than KeepPublished, in chunks, and
 // nothing else; Run does it every CleanupInterval.
 func TestCleanupDeletesOnlyOldPublishedRows(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	_, _, pub := queue(t)
@@ -665,6 +674,7 @@ func (p *slowPublisher) PublishBatch(ctx context.Context, msgs []outbox.Message)
 // A batch on the wire when Run is cancelled is still marked, so a clean
 // shutdown causes no duplicate send.
 func TestShutdownMarksTheBatchOnTheWire(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	c, q, pub := queue(t)
@@ -691,6 +701,7 @@ func TestShutdownMarksTheBatchOnTheWire(t *testing.T) {
 // relay whose connection drops now and then does not drift to the 10 s
 // maximum. Notifications work again afterwards.
 func TestListenReconnectsPromptly(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	c, q, pub := queue(t)
@@ -755,6 +766,7 @@ func (p *hangingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Messa
 // rescheduled by backoff, not left to be claimed and sent again on every
 // lease.
 func TestSlowPublishStillMarksTheAcceptedRowsAndBacksOffTheRest(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	a, b, slow := newEvent(t, 1), newEvent(t, 2), newEvent(t, 3)
@@ -789,6 +801,7 @@ func TestSlowPublishStillMarksTheAcceptedRowsAndBacksOffTheRest(t *testing.T) {
 // published rows fails: otherwise they would come back at the end of the
 // lease with no backoff, again and again.
 func TestFailedRowsAreRescheduledEvenWhenMarkingPublishedOnesFails(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	good, bad := newEvent(t, 1), newEvent(t, 2)
@@ -833,6 +846,7 @@ func hasMetric(t testing.TB, m *testenv.Metrics, name string) bool {
 // costs what one of the bound does), and they are unregistered when Run
 // returns, so a stopped relay leaves no gauge reading a stale table.
 func TestRelayGaugesAreCachedBoundedAndUnregisteredOnStop(t *testing.T) {
+	t.Parallel()
 	defer outbox.SetGaugeCap(5)()
 	ctx := context.Background()
 	pool := setup(t)
@@ -890,6 +904,7 @@ func (p *stuckPublisher) PublishBatch(context.Context, []outbox.Message) (map[uu
 // the stuck relay's late mark fails instead of marking rows it no longer
 // holds.
 func TestStuckRelayReleasesItsRowsAfterTheLease(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	_, _, pub := queue(t)

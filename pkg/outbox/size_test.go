@@ -30,6 +30,7 @@ func paddedEvent(t *testing.T, n int) events.Envelope {
 // something about it, instead of leaving the relay a row it retries
 // forever. One that fits, by a few bytes, is written and relayed.
 func TestAddRefusesAnEventTooLargeForOneMessage(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	c, q, pub := queue(t)
@@ -92,6 +93,7 @@ func TestAddRefusesAnEventTooLargeForOneMessage(t *testing.T) {
 // relay finds it too large before any send, reschedules it on its own
 // with a last_error that says so, and publishes the rest of its batch.
 func TestRelayReschedulesARowThatGrewTooLarge(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	c, q, pub := queue(t)
@@ -126,6 +128,7 @@ func TestRelayReschedulesARowThatGrewTooLarge(t *testing.T) {
 // ErrDuplicateEvent, which a caller can test for, rather than only a
 // constraint name in the text.
 func TestAddOfTheSameEventTwiceIsErrDuplicateEvent(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	e := newEvent(t, 1)
@@ -156,6 +159,7 @@ func deref(s *string) string {
 // everything above U+FFFF (an emoji). The relay sends them escaped: the
 // message is accepted and decodes to the same event, with the same Hash.
 func TestRelayPublishesCharactersAQueueRefusesEscaped(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	c, q, pub := queue(t)

@@ -9,6 +9,7 @@ import (
 
 // The tuning a service loads fills only the fields code left zero.
 func TestRelayEnvFillsOnlyWhatCodeLeftZero(t *testing.T) {
+	t.Parallel()
 	var cfg struct {
 		Relay RelayEnv `envPrefix:"RELAY_"`
 	}

@@ -12,6 +12,7 @@ import (
 // Validate names, with the service's prefix, each setting Apply would drop
 // or the relay cannot use, and accepts what the e2e suite sets.
 func TestRelayEnvValidateRefusesWhatApplyWouldDrop(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		env  outbox.RelayEnv
 		want string // "" = valid

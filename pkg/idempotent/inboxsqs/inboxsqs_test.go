@@ -177,6 +177,7 @@ func runProcessor(t *testing.T, s *stack, h idempotent.ProcessFunc) {
 // The handler takes "forever" (it blocks until the test ends), yet every
 // message is stored and deleted from the queue within milliseconds.
 func TestAckDoesNotWaitForTheHandler(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, idempotent.InboxConfig{})
 	release := make(chan struct{})
 	var entered atomic.Int64
@@ -222,6 +223,7 @@ func TestAckDoesNotWaitForTheHandler(t *testing.T) {
 // with a new SQS message id) is acked and changes nothing; a copy with the
 // same id and another payload is parked, not acked silently.
 func TestDuplicateAfterDoneIsAckedAndIgnored(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, idempotent.InboxConfig{})
 	var calls atomic.Int64
 	runProcessor(t, s, func(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
@@ -267,6 +269,7 @@ func TestDuplicateAfterDoneIsAckedAndIgnored(t *testing.T) {
 // A copy older than the dedupe window is refused at receive time: not
 // stored, not applied, and parked in the DLQ with the reason.
 func TestExpiredMessageIsRefusedAndParked(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, idempotent.InboxConfig{})
 	old := event(t, "cb_1", 1)
 	old.OccurredAt = time.Now().Add(-16 * 24 * time.Hour).UTC()

@@ -20,6 +20,7 @@ import (
 // the dead-letter schedule (0.1+0.2+0.4+0.4 s to the 5th receive) parks no
 // message, and every one is stored, once, after the database returns.
 func TestTheInboxReceiverWaitsOutADatabaseOutageWithoutDeadLettering(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	direct := testenv.DB(t)
 	if err := idempotent.Migrate(ctx, direct); err != nil {

@@ -185,6 +185,7 @@ func mustOutcome(t *testing.T, want idempotent.Outcome, out idempotent.Outcome, 
 // After a commit the key is in Redis with the window as its TTL, and the
 // next copy is a Duplicate that never reaches the database.
 func TestACommittedKeyIsRecordedAndTheNextCopyStopsAtRedis(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, s store, _ *testenv.RedisServer, rdb *redis.Client) {
 		ctx := context.Background()
 		h := s.handle(rdb)
@@ -210,6 +211,7 @@ func TestACommittedKeyIsRecordedAndTheNextCopyStopsAtRedis(t *testing.T) {
 // Off by default: with no Redis client every copy goes to the database,
 // which still deduplicates.
 func TestWithoutRedisThePrefilterIsOff(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, s store, _ *testenv.RedisServer, _ *redis.Client) {
 		h := s.handle(nil)
 		msg := newMsg()
@@ -230,6 +232,7 @@ func TestWithoutRedisThePrefilterIsOff(t *testing.T) {
 // empty. The copy misses Redis and the database says Duplicate: applied
 // once, nothing lost.
 func TestACrashBetweenCommitAndTheRedisWriteLeavesTheDatabaseToDecide(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, s store, r *testenv.RedisServer, rdb *redis.Client) {
 		ctx := context.Background()
 		h := s.handle(rdb)
@@ -258,6 +261,7 @@ func TestACrashBetweenCommitAndTheRedisWriteLeavesTheDatabaseToDecide(t *testing
 // A failed effect records nothing in Redis (a key set before the commit
 // would lose the message): the redelivery is applied.
 func TestAFailedEffectRecordsNothingSoTheRedeliveryApplies(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, s store, _ *testenv.RedisServer, rdb *redis.Client) {
 		ctx := context.Background()
 		h := s.handle(rdb)
@@ -283,6 +287,7 @@ var errBoom = errors.New("boom")
 // the copies of all applied messages miss and are Duplicates from the
 // database; new messages are applied; each effect committed exactly once.
 func TestRedisLosingItsKeysMidRunLeavesTheDatabaseToDecide(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, s store, _ *testenv.RedisServer, rdb *redis.Client) {
 		ctx := context.Background()
 		h := s.handle(rdb)
@@ -319,6 +324,7 @@ func TestRedisLosingItsKeysMidRunLeavesTheDatabaseToDecide(t *testing.T) {
 // fast), new messages are applied and duplicates recognised; nothing is
 // lost and nothing doubled.
 func TestRedisDownLeavesTheDatabaseToDecide(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, s store, r *testenv.RedisServer, rdb *redis.Client) {
 		ctx := context.Background()
 		h := s.handle(rdb)
@@ -345,6 +351,7 @@ func TestRedisDownLeavesTheDatabaseToDecide(t *testing.T) {
 // A key in Redis with another hash is not trusted: the copy goes to the
 // database, which reports the Conflict.
 func TestAHitWithAnotherHashGoesToTheDatabaseForTheConflict(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, s store, _ *testenv.RedisServer, rdb *redis.Client) {
 		ctx := context.Background()
 		h := s.handle(rdb)
@@ -364,6 +371,7 @@ func TestAHitWithAnotherHashGoesToTheDatabaseForTheConflict(t *testing.T) {
 // A copy older than the window skips the cache, even with its key still in
 // Redis, so that the consumer refuses it as Expired.
 func TestAnExpiredCopySkipsTheCacheAndIsRefused(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, s store, _ *testenv.RedisServer, rdb *redis.Client) {
 		ctx := context.Background()
 		h := s.handle(rdb)

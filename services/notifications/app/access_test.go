@@ -33,6 +33,7 @@ var testAccess = service.AccessEnv{APIKeys: "support:" + readKey, RateLimit: 100
 // were. (It has no admin route: replay and skip are cmd/inboxctl's, on the
 // database, not over HTTP.)
 func TestHostileRequestsToTheNotificationsRouteAreRefusedAndChangeNothing(t *testing.T) {
+	t.Parallel()
 	s := start(t, nil)
 	e := credited(t)
 	s.send(e)
@@ -71,6 +72,7 @@ func closedPoolAPI(t *testing.T) (http.Handler, *testenv.Buffer) {
 
 // A failing database gives a 500 with the request id and no error text.
 func TestANotifications500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
+	t.Parallel()
 	r, logs := closedPoolAPI(t)
 	testenv.Internal500(t, r, testenv.Route{Method: http.MethodGet, Path: "/v1/notifications"}, "Bearer "+readKey, logs, "closed pool")
 }
@@ -79,6 +81,7 @@ func TestANotifications500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
 // naming the variable, rather than offer every SMS to a provider that
 // would refuse it (401).
 func TestNotificationsRefusesToStartWithoutItsProviderKey(t *testing.T) {
+	t.Parallel()
 	cfg := app.Config{PolicyCashback: "resend", PolicyCashbackReversed: "resend", Port: "0", Access: testAccess}
 	_, err := app.New(context.Background(), cfg, nil, nil, nil, slog.Default())
 	if err == nil || !strings.Contains(err.Error(), "SMS_PROVIDER_API_KEY is empty") {
@@ -88,6 +91,7 @@ func TestNotificationsRefusesToStartWithoutItsProviderKey(t *testing.T) {
 
 // Without a reader's key the service refuses to start.
 func TestNotificationsRefusesToStartWithoutAReadKey(t *testing.T) {
+	t.Parallel()
 	cfg := app.Config{PolicyCashback: "resend", PolicyCashbackReversed: "resend", Port: "0",
 		Access: service.AccessEnv{RateLimit: 1, AddressRateLimit: 1, RateWindow: time.Second}}
 	_, err := app.New(context.Background(), cfg, nil, nil, nil, slog.Default())
@@ -101,6 +105,7 @@ func TestNotificationsRefusesToStartWithoutAReadKey(t *testing.T) {
 // values, answered without a query (the pool is closed: a query would be
 // a 500). A bad event_id or limit is 400 too.
 func TestANotificationsQueryOutsideTheStatesIsRefusedWithoutAskingTheDatabase(t *testing.T) {
+	t.Parallel()
 	r, logs := closedPoolAPI(t)
 	get := func(q string) (int, service.ErrorBody) {
 		req := httptest.NewRequest(http.MethodGet, "/v1/notifications"+q, nil)

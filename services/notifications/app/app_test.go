@@ -186,6 +186,7 @@ func credited(t *testing.T) events.Envelope {
 // Duplicates (three SQS copies of one event) record the intent once, and
 // the SMS goes out once: PENDING → SENDING → SENT with key sms:<event_id>.
 func TestIntentRecordedOnceAndSentOnce(t *testing.T) {
+	t.Parallel()
 	s := start(t, nil)
 	e := credited(t)
 	for range 3 {
@@ -229,6 +230,7 @@ func TestIntentRecordedOnceAndSentOnce(t *testing.T) {
 // interval an hour long, a CashbackCredited that arrives after the sender
 // went to sleep still ends SENT within seconds.
 func TestProcessorCommitWakesTheSender(t *testing.T) {
+	t.Parallel()
 	s := start(t, func(c *app.Config) { c.SenderPoll = time.Hour })
 	// Let the sender's first pass find nothing and go to sleep.
 	time.Sleep(300 * time.Millisecond)
@@ -245,6 +247,7 @@ func TestProcessorCommitWakesTheSender(t *testing.T) {
 
 // A reversal gets its own SMS, of its own kind.
 func TestReversalNotified(t *testing.T) {
+	t.Parallel()
 	s := start(t, nil)
 	c := credited(t)
 	r, err := events.New(contract.CashbackReversed, "pay_42", 2, map[string]any{
@@ -269,6 +272,7 @@ func TestReversalNotified(t *testing.T) {
 // Provider failures: the inbox has acked the message long ago; the sender
 // backs off in the row and gets it SENT.
 func TestProviderFailuresThenSent(t *testing.T) {
+	t.Parallel()
 	s := start(t, nil)
 	fails := 2
 	s.provider.SetControl(smsprovider.Control{FailNext: &fails})
@@ -290,6 +294,7 @@ func TestProviderFailuresThenSent(t *testing.T) {
 // Events notifications cannot handle are parked in the DLQ at receive
 // time; nothing enters the inbox.
 func TestUnknownTypeParkedInDLQ(t *testing.T) {
+	t.Parallel()
 	s := start(t, nil)
 	e, err := events.New(contract.PaymentSucceeded, "pay_42", 1, map[string]any{"payment_id": "pay_42", "user_id": "u_17"})
 	if err != nil {
@@ -316,6 +321,7 @@ func TestUnknownTypeParkedInDLQ(t *testing.T) {
 
 // SMS_PROVIDER_LOOKUP=false and SENDING_POLICY_CASHBACK=skip reach the sender.
 func TestPolicyConfiguration(t *testing.T) {
+	t.Parallel()
 	s := start(t, func(c *app.Config) { c.SMSProviderLookup = false; c.PolicyCashback = "skip" })
 	if s.app.Sender.CanLookup() {
 		t.Error("SMS_PROVIDER_LOOKUP=false left lookup on")

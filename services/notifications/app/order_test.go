@@ -16,6 +16,7 @@ import (
 // version check is the handler's. Without it the customer is told "It is
 // in your wallet" after being told the cashback was reversed.
 func TestACreditArrivingAfterItsReversalSendsNoSMS(t *testing.T) {
+	t.Parallel()
 	s := start(t, nil)
 	c := credited(t) // version 1, minted first
 	r, err := events.New(contract.CashbackReversed, "pay_42", 2, map[string]any{

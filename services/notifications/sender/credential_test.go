@@ -20,6 +20,7 @@ import (
 // retry schedule turns no message FAILED; once the key is accepted, it is
 // sent, once, with its key.
 func TestARefusedCredentialSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	target, _ := url.Parse(e.url)
 	proxy := httputil.NewSingleHostReverseProxy(target)

@@ -53,6 +53,7 @@ func (b *barrier) Send(ctx context.Context, m sms.Message) (sms.Receipt, error) 
 // mark exactly the rows whose calls were accepted: the rejected ones end
 // FAILED, none is left SENDING, none is SENT without its own message id.
 func TestGroupedSentMarksOnlyTheAcceptedRows(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	evs := e.intents(8)
 	rejected := map[string]bool{}
@@ -94,6 +95,7 @@ func TestGroupedSentMarksOnlyTheAcceptedRows(t *testing.T) {
 // when that mark is written in one statement with other rows' marks,
 // which are recorded.
 func TestGroupedSentMarkLeavesATakenOverRowAlone(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	evs := e.intents(4)
 	stolen := "sms:" + evs[0].EventID.String()
@@ -148,6 +150,7 @@ func (h *holdOne) Send(ctx context.Context, m sms.Message) (sms.Receipt, error) 
 // instead of waiting for it. Cancelling Run waits for the slow call and
 // records it, leaving no row SENDING.
 func TestRunDoesNotWaitForTheSlowestCall(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	evs := e.intents(10)
 	// The first row claimed (claims go in id order) hangs.

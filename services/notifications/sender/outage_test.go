@@ -42,6 +42,7 @@ func (p *downProvider) Ping(context.Context) error {
 // claimed while the provider is down, and once it answers the message is
 // sent, on its first counted attempt.
 func TestProviderOutageHoldsMessagesBackWithoutSpendingAttempts(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	p := &downProvider{}
 	gate, err := outage.NewGate(outage.GateConfig{Name: "sms provider", Probe: p.Ping,
@@ -88,6 +89,7 @@ func TestProviderOutageHoldsMessagesBackWithoutSpendingAttempts(t *testing.T) {
 // connection for that call only) leaves the gate open, and the attempt
 // counts as ever.
 func TestAFailureTheProbeDoesNotConfirmSpendsTheAttempt(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	p := &downProvider{}
 	gate, err := outage.NewGate(outage.GateConfig{Name: "sms provider", Probe: func(context.Context) error { return nil },

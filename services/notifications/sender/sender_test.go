@@ -162,6 +162,7 @@ func (o *observer) Send(ctx context.Context, m sms.Message) (sms.Receipt, error)
 // PENDING → SENDING (committed before the call) → SENT with the provider's
 // message id, key sms:<event_id>, one delivery.
 func TestPendingSendingSent(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	ev := e.intent()
 	if r := e.row(ev); r.Status != "PENDING" || r.Key != "sms:"+ev.EventID.String() {
@@ -296,6 +297,7 @@ func TestCrashInSendingNoLookupSkip(t *testing.T) {
 
 // Provider failures back off in the row (next_attempt_at), then SENT.
 func TestProviderFailuresBackOffThenSent(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	ev := e.intent()
 	e.provider.SetControl(smsprovider.Control{FailNext: ptr(2)})
@@ -329,6 +331,7 @@ func TestProviderFailuresBackOffThenSent(t *testing.T) {
 
 // Past MaxAttempts the row is FAILED, observably.
 func TestAttemptsExhaustedFails(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	ev := e.intent()
 	e.provider.SetControl(smsprovider.Control{FailNext: ptr(100)})
@@ -349,6 +352,7 @@ func TestAttemptsExhaustedFails(t *testing.T) {
 
 // A rejection (4xx) fails at once: retrying cannot help.
 func TestRejectedFailsAtOnce(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	ev := e.intent()
 	e.provider.SetControl(smsprovider.Control{FailNext: ptr(1), FailStatus: ptr(400)})
@@ -362,6 +366,7 @@ func TestRejectedFailsAtOnce(t *testing.T) {
 // The provider accepts, then hangs: the call times out (outcome unknown),
 // the lookup finds the message, SENT without a second delivery.
 func TestProviderHangsAfterAccept(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	ev := e.intent()
 	e.provider.SetControl(smsprovider.Control{HangMS: ptr(1500), HangAfterAccept: ptr(true)})
@@ -383,6 +388,7 @@ func TestProviderHangsAfterAccept(t *testing.T) {
 // timed-out call is an unknown outcome and the row FAILS rather than risk
 // a second delivery.
 func TestProviderHangsNoLookupSkip(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	ev := e.intent()
 	e.provider.SetControl(smsprovider.Control{HangMS: ptr(400)})
@@ -398,6 +404,7 @@ func TestProviderHangsNoLookupSkip(t *testing.T) {
 // Several senders on one table: every message is claimed by one of them
 // and delivered once.
 func TestConcurrentSendersDeliverOnce(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	evs := e.intents(30)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -435,6 +442,7 @@ func TestConcurrentSendersDeliverOnce(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	if _, err := sender.New(e.pool, e.client, sender.Config{SendTimeout: time.Second, Lease: time.Second}); err == nil {
 		t.Error("a lease shorter than twice the send timeout was accepted")
@@ -451,6 +459,7 @@ func ptr[T any](v T) *T { return &v }
 
 // Logs carry the recipient masked, never the whole number.
 func TestLogsMaskTheRecipientsPhoneNumber(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	e.intent()
 	var logs testenv.Buffer
@@ -491,6 +500,7 @@ func (e *env) acceptThenFail() *sms.HTTPProvider {
 // row SENT without a second send; without lookup the kind's policy decides,
 // and policy skip fails the row rather than risk a second delivery.
 func TestProvider5xxIsAnUnknownOutcome(t *testing.T) {
+	t.Parallel()
 	t.Run("lookup finds it", func(t *testing.T) {
 		e := setup(t)
 		ev := e.intent()

@@ -17,6 +17,7 @@ import (
 )
 
 func TestCreatePaymentCommitsPaymentOutboxAndOneCharge(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	r := e.create("k-1", validBody)
 	if r.status != http.StatusCreated {
@@ -70,6 +71,7 @@ func TestCreatePaymentCommitsPaymentOutboxAndOneCharge(t *testing.T) {
 }
 
 func TestSameKeySameBodyReplaysTheSavedResponse(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	first := e.create("k-1", validBody)
 	if first.status != http.StatusCreated {
@@ -100,6 +102,7 @@ func TestSameKeySameBodyReplaysTheSavedResponse(t *testing.T) {
 }
 
 func TestSameKeyDifferentBodyIs422AndWritesNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	first := e.create("k-1", validBody)
 	if first.status != http.StatusCreated {
@@ -134,6 +137,7 @@ func TestSameKeyDifferentBodyIs422AndWritesNothing(t *testing.T) {
 }
 
 func TestSameKeyInFlightIs409(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -186,6 +190,7 @@ func TestSameKeyInFlightIs409(t *testing.T) {
 }
 
 func TestConcurrentRequestsWithOneKeyMakeOnePayment(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	// A slow provider, so that the requests overlap.
 	e.stripe.setHook(func(w http.ResponseWriter, r *http.Request) bool {
@@ -385,6 +390,7 @@ func TestCrashAfterChargeBeforeCommitIsFinishedByResumeWithoutTheClient(t *testi
 // A provider failure with an unknown outcome saves nothing and releases
 // the key at once; the retry repeats the call under the same Stripe key.
 func TestProviderFailureReleasesTheKeyForAnImmediateRetry(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	e.stripe.setHook(stripeError(chargesPath, 1, http.StatusInternalServerError,
 		`{"error":{"type":"api_error","message":"something went wrong"}}`))
@@ -414,6 +420,7 @@ func TestProviderFailureReleasesTheKeyForAnImmediateRetry(t *testing.T) {
 
 // A decline is a final outcome: saved, and replayed (errors included).
 func TestDeclineIsSavedAndReplayed(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	e.stripe.setHook(stripeError(chargesPath, -1, http.StatusPaymentRequired,
 		`{"error":{"type":"card_error","code":"card_declined","decline_code":"insufficient_funds","message":"Your card has insufficient funds."}}`))
@@ -437,6 +444,7 @@ func TestDeclineIsSavedAndReplayed(t *testing.T) {
 }
 
 func TestBadRequestsAreRefusedAndWriteNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	huge := `{"user_id":"` + strings.Repeat("x", 70<<10) + `","amount_paise":1,"currency":"INR","method":"upi"}`
 	cases := []struct {
@@ -488,6 +496,7 @@ func TestBadRequestsAreRefusedAndWriteNothing(t *testing.T) {
 }
 
 func TestKeysAreScopedPerEndpointAndPath(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	p := e.mustCreate("shared")
 	q := e.mustCreate("other")
@@ -507,6 +516,7 @@ func TestKeysAreScopedPerEndpointAndPath(t *testing.T) {
 }
 
 func TestRefundMarksRefundedAndEmitsPaymentRefunded(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	p := e.mustCreate("k-1")
 	r := e.refund(p.ID, "r-1")
@@ -563,6 +573,7 @@ func TestRefundMarksRefundedAndEmitsPaymentRefunded(t *testing.T) {
 }
 
 func TestRefundTwiceWithANewKeyIs409(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	p := e.mustCreate("k-1")
 	if r := e.refund(p.ID, "r-1"); r.status != http.StatusOK {
@@ -588,6 +599,7 @@ func TestRefundTwiceWithANewKeyIs409(t *testing.T) {
 }
 
 func TestConcurrentRefundsWithDifferentKeysRefundOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	p := e.mustCreate("k-1")
 	e.stripe.setHook(func(w http.ResponseWriter, r *http.Request) bool {
@@ -633,6 +645,7 @@ func TestConcurrentRefundsWithDifferentKeysRefundOnce(t *testing.T) {
 }
 
 func TestRefundOfUnknownPaymentIs404AndWritesNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	r := e.refund("pay_doesnotexist", "r-1")
 	if r.status != http.StatusNotFound || r.errorDetail(t).Code != "payment_not_found" {
@@ -645,6 +658,7 @@ func TestRefundOfUnknownPaymentIs404AndWritesNothing(t *testing.T) {
 }
 
 func TestGetUnknownPaymentIs404(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	r := e.do(http.MethodGet, "/v1/payments/pay_nope", "", "")
 	if r.status != http.StatusNotFound || r.errorDetail(t).Code != "payment_not_found" {

@@ -43,6 +43,7 @@ func body(userID, amount string) []byte {
 // with the right 4xx and a JSON error naming the problem, and none writes a
 // payment, an outbox row or an idempotency key, or reaches Stripe.
 func TestHostileRequestsGetTheRight4xxAndWriteNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	auth := "Bearer " + webKey
 	ok := func(h map[string]string) map[string]string {
@@ -130,6 +131,7 @@ func TestHostileRequestsGetTheRight4xxAndWriteNothing(t *testing.T) {
 // (unknown, repeated, of the wrong type) is cut to 64 bytes, in the
 // message and in the error's field: a 2 KB value gets a short answer.
 func TestARefusalDoesNotEchoTheCallersValuesAndNamesAFieldInAtMost64Bytes(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	marker := strings.Repeat("<script>evil</script>", 100) // 2 KB, inside the body limit
 	longName := "f" + strings.Repeat("x", 2000)
@@ -156,6 +158,7 @@ func TestARefusalDoesNotEchoTheCallersValuesAndNamesAFieldInAtMost64Bytes(t *tes
 }
 
 func TestOneClientsIdempotencyKeyNeverReplaysAnotherClientsResponse(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	web := e.raw(map[string]string{"Authorization": "Bearer " + webKey, "Idempotency-Key": "shared"}, []byte(validBody))
 	ops := e.raw(map[string]string{"Authorization": "Bearer " + opsKey, "Idempotency-Key": "shared"}, []byte(validBody))
@@ -171,6 +174,7 @@ func TestOneClientsIdempotencyKeyNeverReplaysAnotherClientsResponse(t *testing.T
 }
 
 func TestAClientOverItsRateLimitGets429AndNothingIsWritten(t *testing.T) {
+	t.Parallel()
 	e := newEnvWith(t, time.Minute, 3, nil)
 	for i := range 3 {
 		if r := e.create(fmt.Sprintf("k-%d", i), validBody); r.status != 201 {
@@ -198,6 +202,7 @@ func TestAClientOverItsRateLimitGets429AndNothingIsWritten(t *testing.T) {
 // A slowloris body: headers at once, then the body a byte at a time. The
 // server's read timeout ends it with 408; nothing is written.
 func TestASlowBodyIsCutOffByTheReadTimeoutAndWritesNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnvWith(t, time.Minute, 10000, func(h http.Handler) string {
 		srv := service.NewHTTPServer("127.0.0.1:0", h, service.HTTPTimeouts{Read: 500 * time.Millisecond})
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -270,6 +275,7 @@ func (e *env) as(client, method, path, idem, body string) response {
 // refund of it are 404, word for word the answer for an id that does not
 // exist, and the refund writes nothing and never reaches Stripe.
 func TestAnotherClientsPaymentIsNotFoundForGetAndRefundAndNothingIsWritten(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	p := e.mustCreate("k-web")
 	stripeCalls, outboxRows, keys := e.stripe.total(), e.count(`SELECT count(*) FROM outbox`), e.count(`SELECT count(*) FROM idempotency_keys`)
@@ -301,6 +307,7 @@ func TestAnotherClientsPaymentIsNotFoundForGetAndRefundAndNothingIsWritten(t *te
 // address's limit before any key is looked at: a flood of them gets 429,
 // not an endless series of 401s.
 func TestRequestsWithoutAKeyAreRateLimitedPerAddressBeforeAuthentication(t *testing.T) {
+	t.Parallel()
 	e := newEnvWith(t, time.Minute, 3, nil) // 3 per client, 6 per address, per second
 	for i := range 6 {
 		if r := e.as("", http.MethodPost, "/v1/payments", fmt.Sprintf("k-%d", i), validBody); r.status != http.StatusUnauthorized {
@@ -318,6 +325,7 @@ func TestRequestsWithoutAKeyAreRateLimitedPerAddressBeforeAuthentication(t *test
 // where, never encoding/json's text (its error strings, Go type or struct
 // names).
 func TestRefusedBodiesAreExplainedWithoutTheDecodersText(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, time.Minute)
 	cases := []struct{ body, field, message string }{
 		{`xyz`, "body", "body is not valid JSON (at byte 1)"},

@@ -25,6 +25,7 @@ import (
 // payment, without asking the database. The pool here is closed, so any
 // query would be a 500 with an ERROR line; a well-formed id shows it.
 func TestAPaymentIDThatCannotExistIsNotFoundWithoutAskingTheDatabase(t *testing.T) {
+	t.Parallel()
 	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL(t))
 	if err != nil {
 		t.Fatal(err)

@@ -52,6 +52,7 @@ func (s *stack) do(method, path, key, body string) (int, string) {
 // and a read key on the rate change (403 naming admin). Rates, wallets
 // and credits are as they were.
 func TestHostileRequestsToEveryRewardsRouteAreRefusedAndChangeNothing(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{noWorkers: true})
 	if _, err := s.pool.Exec(context.Background(), `INSERT INTO wallets (user_id, balance_paise) VALUES ('u_1', 2400)`); err != nil {
 		t.Fatal(err)
@@ -71,6 +72,7 @@ func TestHostileRequestsToEveryRewardsRouteAreRefusedAndChangeNothing(t *testing
 // the service logs exactly one audit line with that client, the rate it
 // replaces and the new one.
 func TestARateAboveTheCeilingIsRefusedAndAnAcceptedOneRecordsItsClientInOneAuditLine(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{noWorkers: true})
 	code, body := s.do(http.MethodPost, "/v1/cashback-rates", adminKey, `{"rate_bp":1001}`)
 	if code != http.StatusUnprocessableEntity || !strings.Contains(body, "rate_above_ceiling") || !strings.Contains(body, "1000") {
@@ -111,6 +113,7 @@ func TestARateAboveTheCeilingIsRefusedAndAnAcceptedOneRecordsItsClientInOneAudit
 // is being made right now, so it is refused and nothing is stored. Left
 // out, effective_from is now plus the lead.
 func TestARateStartingSoonerThanTheMinimumLeadIsRefused(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{noWorkers: true, cfg: func(c *app.Config) { c.RateMinLead = time.Minute }})
 	soon := time.Now().Add(10 * time.Second).UTC().Format(time.RFC3339Nano)
 	code, body := s.do(http.MethodPost, "/v1/cashback-rates", adminKey, fmt.Sprintf(`{"rate_bp":300,"effective_from":%q}`, soon))
@@ -137,6 +140,7 @@ func TestARateStartingSoonerThanTheMinimumLeadIsRefused(t *testing.T) {
 // A wallet's credits come a page at a time, newest first; next_before
 // leads to the older ones and is absent on the last page.
 func TestWalletCreditsArePaginatedNewestFirst(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{noWorkers: true})
 	for i := range 3 {
 		if _, err := s.pool.Exec(context.Background(), `INSERT INTO cashback_credits (payment_id, user_id, recipient,
@@ -174,6 +178,7 @@ func TestWalletCreditsArePaginatedNewestFirst(t *testing.T) {
 // The service refuses to start without a client for each role its routes
 // need, and with two clients sharing a key.
 func TestRewardsRefusesToStartWithoutKeysForEveryRole(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ keys, want string }{
 		{"", "REWARDS_API_KEYS is empty"},
 		{"reader:" + readKey, "no client has the role admin"},
@@ -196,6 +201,7 @@ func TestRewardsRefusesToStartWithoutKeysForEveryRole(t *testing.T) {
 // wrong type and a body over 64 KiB are refused, naming the problem in the
 // API's own words, and no rate is written.
 func TestARateChangeBodyIsReadStrictlyAndARefusedOneWritesNoRate(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{noWorkers: true})
 	cases := []struct {
 		name, body string

@@ -245,6 +245,7 @@ const user = "u_17"
 // three SQS messages; the relay also publishes one CashbackCredited, which
 // reaches rewards-events.
 func TestDuplicateDeliveriesCreditOnce(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{})
 	e := paid(t, "pay_42", user, 120000, 1)
 	for range 3 {
@@ -283,6 +284,7 @@ func TestDuplicateDeliveriesCreditOnce(t *testing.T) {
 // Rules 1 and 3 under concurrency: copies of one event, and the same
 // payment under other event ids, all at once, credit exactly once.
 func TestConcurrentCopiesAndEventIDsCreditOnce(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{noWorkers: true})
 	first := paid(t, "pay_7", user, 120000, 1)
 	envs := []events.Envelope{first, first, first, paid(t, "pay_7", user, 120000, 1), paid(t, "pay_7", user, 120000, 1)}
@@ -314,6 +316,7 @@ func TestConcurrentCopiesAndEventIDsCreditOnce(t *testing.T) {
 // Rule 3: the same payment under a second event id: both messages acked,
 // one credit, a warning.
 func TestSamePaymentUnderTwoEventIDs(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{})
 	a, b := paid(t, "pay_42", user, 120000, 1), paid(t, "pay_42", user, 120000, 1)
 	s.send(a)
@@ -341,6 +344,7 @@ func TestSamePaymentUnderTwoEventIDs(t *testing.T) {
 // for 120000: the rate in force at occurred_at. The failed attempt
 // committed nothing.
 func TestRateChangeBetweenFailedAttemptAndRetry(t *testing.T) {
+	t.Parallel()
 	e := paid(t, "pay_42", user, 120000, 1)
 	s := start(t, options{retryBase: 2 * time.Second, cfg: func(c *app.Config) { c.Fail = failHook(t, e.EventID.String()+"@1") }})
 	s.send(e)
@@ -377,6 +381,7 @@ func TestRateChangeBetweenFailedAttemptAndRetry(t *testing.T) {
 // A rate cannot be scheduled in the past: that would change what a retry
 // credits for a payment that already happened.
 func TestRetroactiveRateRefused(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{noWorkers: true})
 	past := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
 	if code, body := s.do(http.MethodPost, "/v1/cashback-rates", adminKey, fmt.Sprintf(`{"rate_bp":300,"effective_from":%q}`, past)); code != http.StatusUnprocessableEntity {
@@ -390,6 +395,7 @@ func TestRetroactiveRateRefused(t *testing.T) {
 // A handler that keeps failing: the message is redelivered until
 // maxReceiveCount and then SQS moves it to the DLQ. Nothing is committed.
 func TestHandlerFailingPastMaxReceiveCountGoesToDLQ(t *testing.T) {
+	t.Parallel()
 	e := paid(t, "pay_42", user, 120000, 1)
 	s := start(t, options{maxReceive: 2, cfg: func(c *app.Config) { c.Fail = failHook(t, e.EventID.String()) }})
 	s.send(e)
@@ -411,6 +417,7 @@ func TestHandlerFailingPastMaxReceiveCountGoesToDLQ(t *testing.T) {
 // Rule 5: a refund reverses the credit once, however many copies and
 // event ids it comes under.
 func TestRefundReversesOnce(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{noWorkers: true})
 	ctx := context.Background()
 	p := s.app.Processor
@@ -437,6 +444,7 @@ func TestRefundReversesOnce(t *testing.T) {
 // Rule 5: after the refund, a stale PaymentSucceeded changes nothing, be it
 // a redelivered copy (same event id) or the same version under another id.
 func TestStalePaidCopyAfterRefundChangesNothing(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{})
 	p1 := paid(t, "pay_42", user, 120000, 1)
 	s.send(p1)
@@ -468,6 +476,7 @@ func TestStalePaidCopyAfterRefundChangesNothing(t *testing.T) {
 // Rule 5: the refund overtakes its PaymentSucceeded. The late
 // PaymentSucceeded credits nothing; the wallet stays at 0.
 func TestRefundBeforePaid(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{noWorkers: true})
 	ctx := context.Background()
 	p := s.app.Processor
@@ -503,6 +512,7 @@ func TestRefundBeforePaid(t *testing.T) {
 // Unknown event types and malformed payloads are parked in the DLQ with a
 // reason, at once, and commit nothing.
 func TestUnknownTypeParkedInDLQ(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{})
 	unknown, err := events.New("PaymentDisputed", "pay_42", 3, map[string]any{"payment_id": "pay_42"})
 	if err != nil {
@@ -547,6 +557,7 @@ func failHook(t *testing.T, spec string) *cashback.FailHook {
 }
 
 func TestRetentionShorterThanSQSRefused(t *testing.T) {
+	t.Parallel()
 	_, err := app.New(context.Background(), app.Config{DedupeRetention: 24 * time.Hour, Port: "0", Access: testAccess}, nil, nil, nil, slog.Default())
 	if err == nil || !strings.Contains(err.Error(), "DEDUPE_RETENTION") {
 		t.Errorf("New with a 24h window: %v, want a DEDUPE_RETENTION error", err)
@@ -596,6 +607,7 @@ func (s *stack) sendBatch(es []events.Envelope) {
 // credited exactly once, the poison is parked in the DLQ with its reason,
 // and nothing of it is committed.
 func TestBatchWithOnePoisonCreditsTheOtherNineOnceAndParksThePoison(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{noWorkers: true})
 	ctx := context.Background()
 	if err := s.app.Processor.Handle(ctx, refunded(t, "pay_poison", user, 120000, 2)); err != nil {
@@ -644,6 +656,7 @@ func TestBatchWithOnePoisonCreditsTheOtherNineOnceAndParksThePoison(t *testing.T
 // redelivery (a transient error), and the redelivered batch credits each
 // exactly once.
 func TestCrashMidBatchLeavesNothingHalfApplied(t *testing.T) {
+	t.Parallel()
 	s := start(t, options{noWorkers: true, cfg: func(c *app.Config) { c.Fail = failHook(t, "") }})
 	var ds []sqstransport.Delivery
 	for i := range 10 {

@@ -23,6 +23,7 @@ import (
 // same, and each receive of the batch database committed in one
 // transaction.
 func TestBatchPathWritesWhatOneEventAtATimeWrites(t *testing.T) {
+	t.Parallel()
 	batch := start(t, options{noWorkers: true})
 	single := start(t, options{noWorkers: true})
 	ctx := context.Background()
