@@ -98,6 +98,10 @@ func hermeticEnv(t *testing.T) map[string]string {
 		"PAYMENTS_QUEUE":             pq[strings.LastIndex(pq, "/")+1:],
 		"REWARDS_QUEUE":              rq[strings.LastIndex(rq, "/")+1:],
 		"QUEUE_WAIT":                 "10s",
+		// A stop waits for the consumer's current long poll (an abandoned
+		// poll would hide what it receives), so polls of the default 20 s
+		// would make every Stop here take 20 s.
+		"SUBSCRIBER_WAIT_TIME": "1s",
 	}
 	choosePorts(t, env)
 	return env
