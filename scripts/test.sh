@@ -4,11 +4,15 @@
 # so that .stack/env names both SQS servers: fauxqs (AWS_ENDPOINT_URL) and
 # moto (MOTO_ENDPOINT_URL). In order, stopping at the first failure:
 #
-#   1. the unit and integration tests, SQS on fauxqs
-#   2. the SQS packages (SQS_PKGS) again, on moto
-#   3. the fuzz targets (make fuzz)
-#   4. the e2e suite, on fauxqs
-#   5. the e2e scenarios about the queue (E2E_QUEUE_RUN) again, on moto
+#   1. every package compiled once, without -race: what the tests that
+#      build the services (internal/stack, layering, template) then find
+#      in the build cache instead of compiling it side by side, each in
+#      its own go build
+#   2. the unit and integration tests, SQS on fauxqs
+#   3. the SQS packages (SQS_PKGS) again, on moto
+#   4. the fuzz targets (make fuzz)
+#   5. the e2e suite, on fauxqs
+#   6. the e2e scenarios about the queue (E2E_QUEUE_RUN) again, on moto
 #
 # Each step is announced with the server it runs on, e2e runs list every
 # scenario's result, and a table of the steps, their results and times
@@ -81,6 +85,7 @@ why=${MOTO_UNAVAILABLE:-no moto in this stack}
 [[ $main == moto ]] && why="moto is the stack's only SQS server"
 # shellcheck disable=SC2086 # the lists are word lists
 {
+	step "compile every package" $GO list -export -deps -f '' ./...
 	step "unit and integration tests (SQS: $main)" $GO test $TEST_FLAGS $PKGS
 	if [[ -n $second ]]; then
 		step "SQS packages (SQS: moto)" env SQS_SERVER=moto $GO test $TEST_FLAGS $SQS_PKGS
