@@ -18,7 +18,6 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/httpjson"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/rewards/cashback"
-	"github.com/effectively-once/payments-cashback/services/rewards/cashback/terms"
 )
 
 // Needs are the roles the routes need: the service refuses to start
@@ -39,8 +38,8 @@ func New(pool *pgxpool.Pool, log *slog.Logger, access service.Access, rules cash
 	if err := access.Keys.Need(Needs...); err != nil {
 		return nil, fmt.Errorf("rewards api: %w", err)
 	}
-	if rules.MinLead <= 0 || rules.MaxBP < 0 || rules.MaxBP > terms.MaxRateBP {
-		return nil, fmt.Errorf("rewards api: rate rules %+v: MinLead must be positive, MaxBP within 0..%d", rules, terms.MaxRateBP)
+	if err := rules.Validate(); err != nil {
+		return nil, fmt.Errorf("rewards api: %w", err)
 	}
 	return &Server{pool: pool, log: log, access: access, rules: rules}, nil
 }

@@ -82,6 +82,15 @@ type RateRules struct {
 	MinLead time.Duration
 }
 
+// Validate refuses rules no rate change could be checked against: a MinLead
+// that is not positive, a MaxBP outside 0..terms.MaxRateBP.
+func (r RateRules) Validate() error {
+	if r.MinLead <= 0 || r.MaxBP < 0 || r.MaxBP > terms.MaxRateBP {
+		return fmt.Errorf("rate rules %+v: MinLead must be positive, MaxBP within 0..%d", r, terms.MaxRateBP)
+	}
+	return nil
+}
+
 // Defaults of RateRules.
 const (
 	DefaultMaxRateBP   = 1000 // 10%
@@ -94,8 +103,8 @@ const (
 // rules.MinLead from now (ErrRetroactiveRate), so no event that already
 // happened can ever see its rate change.
 func AddRate(ctx context.Context, pool *pgxpool.Pool, c RateChange, rules RateRules) (added Rate, previousBP int, err error) {
-	if rules.MinLead <= 0 || rules.MaxBP < 0 || rules.MaxBP > terms.MaxRateBP {
-		return Rate{}, 0, fmt.Errorf("cashback: RateRules %+v: MinLead must be positive, MaxBP within 0..%d", rules, terms.MaxRateBP)
+	if err := rules.Validate(); err != nil {
+		return Rate{}, 0, fmt.Errorf("cashback: %w", err)
 	}
 	if c.RateBP < 0 || c.RateBP > rules.MaxBP {
 		return Rate{}, 0, fmt.Errorf("%w: rate_bp must be within 0..%d", ErrRateAboveCeiling, rules.MaxBP)
