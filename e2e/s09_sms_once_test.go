@@ -14,12 +14,29 @@ import (
 // reconciler takes the row over when its lease expires, asks the provider
 // under the same key sms:<event_id>, finds it delivered and marks it SENT
 // without sending again: one SMS delivered, one request seen (at most two
-// allowed), one notification.
+// allowed), one notification. The crash point is aimed at this user's SMS:
+// another user's, waiting on the queue when the sender starts, is sent
+// once and does not set it off.
 func TestSenderKilledInSendingAfterTheProviderAcceptedDeliversExactlyOneSMS(t *testing.T) {
 	l := local(t)
 	knobs := []string{"SMS_PROVIDER_TIMEOUT=1s", "SENDING_LEASE=3s"}
-	restartWith(t, "notifications", append(knobs, "FAILPOINTS=in-sending")...)
 	user := id("u_e2e9")
+	// Another user's SMS waits on the queue and is sent first: the crash
+	// point is aimed at this user's, so it must not fire on that one.
+	if err := l.Stop("notifications"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { restartPlain(t, "notifications") })
+	other := pay(t, id("u_e2e9other"), 50000)
+	waitCredits(t, other.ID, 1)
+	otherCE := outboxEventID(t, s.rewDB, other.ID, contract.CashbackCredited)
+	eventually(t, 30*time.Second, func() (bool, string) {
+		n := count(t, s.rewDB, `SELECT count(*) FROM outbox WHERE id = $1 AND published_at IS NOT NULL`, otherCE)
+		return n == 1, fmt.Sprintf("CashbackCredited %s not published yet", otherCE)
+	})
+	if err := l.Start("notifications", append(knobs, "FAILPOINTS=in-sending="+user)...); err != nil {
+		t.Fatal(err)
+	}
 	// Aimed at this user's SMS: another scenario's, still in flight, must
 	// not spend the hang.
 	smsControl(t, map[string]any{"hang_ms": 5000, "hang_next": 1, "hang_after_accept": true, "to": user})
@@ -46,6 +63,8 @@ func TestSenderKilledInSendingAfterTheProviderAcceptedDeliversExactlyOneSMS(t *t
 		t.Fatal(err)
 	}
 	sent := waitSent(t, ce)
+	waitSent(t, otherCE)
+	smsOnce(t, otherCE, 1)
 	if sent.ProviderMessageID == nil || *sent.ProviderMessageID != d.MessageID {
 		t.Errorf("SENT with provider message id %v, want %s (the one delivered before the crash)", sent.ProviderMessageID, d.MessageID)
 	}

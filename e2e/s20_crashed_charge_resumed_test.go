@@ -22,8 +22,8 @@ import (
 func TestAChargeCrashedBeforeItsCommitIsRecordedWithoutAClientRetryAndCreditedOnce(t *testing.T) {
 	l := local(t)
 	lease := []string{"IDEMPOTENCY_LOCK_TIMEOUT=2s", "STRIPE_TIMEOUT=1s"}
-	restartWith(t, "payments", append(lease, "FAILPOINTS=after-charge-before-commit")...)
 	user := id("u_e2e20")
+	restartWith(t, "payments", append(lease, "FAILPOINTS=after-charge-before-commit="+user)...)
 	key := "k_" + s.run + "_" + randomHex(8)
 	body := `{"user_id":"` + user + `","amount_paise":120000,"currency":"INR","method":"upi"}`
 	post := func() (int, []byte, error) {

@@ -20,12 +20,13 @@ func init() {
 		if s == "" {
 			continue
 		}
-		name, n, _ := strings.Cut(s, "@")
+		spec, subject, _ := strings.Cut(s, "=")
+		name, n, _ := strings.Cut(spec, "@")
 		from, err := strconv.ParseInt(n, 10, 64)
 		if err != nil || from < 1 {
 			from = 1
 		}
-		points[name] = &point{from: from, proc: true}
+		points[name] = &point{from: from, subject: subject, proc: true}
 	}
 }
 

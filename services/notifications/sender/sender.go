@@ -13,7 +13,7 @@
 //     slot, never the others.
 //  2. Send: each claimed row is sent with its idempotency key, bounded by
 //     SendTimeout (the provider hanging costs one timeout, never the loop).
-//     failpoint.Hit(InSending) runs right after the call returns,
+//     failpoint.HitFor(InSending, recipient) runs right after the call returns,
 //     before anything is recorded: the crash window the reconciler covers.
 //  3. Record, fenced by claim_id (a sender that lost its lease changes
 //     nothing): accepted → SENT with the provider's message id; rejected →
@@ -286,7 +286,8 @@ type row struct {
 
 // InSending is the failpoint between the provider's answer and the SENT
 // mark: the row is SENDING and the provider has the message
-// (FAILPOINTS=in-sending kills the process there).
+// (FAILPOINTS=in-sending kills the process there; in-sending=<recipient>
+// only on that recipient's SMS).
 const InSending = "in-sending"
 
 // meterName names this package's instrumentation (meter, tracer) by its import
@@ -356,7 +357,7 @@ func (s *Sender) send(ctx context.Context, r row) {
 	if err != nil {
 		span.RecordError(err)
 	}
-	if failpoint.Hit(InSending) {
+	if failpoint.HitFor(InSending, r.Recipient) {
 		// Armed in-process: behave like a crash here, recording nothing.
 		// The row stays SENDING until the reconciler's lease check.
 		return

@@ -53,7 +53,8 @@ import (
 
 // AfterChargeBeforeCommit is the failpoint between a successful Stripe
 // charge and the commit of the payment (FAILPOINTS=after-charge-before-commit
-// kills the process there).
+// kills the process there; after-charge-before-commit=<user_id> only on that
+// user's payment).
 const AfterChargeBeforeCommit = "after-charge-before-commit"
 
 // Gateway is the payment provider (provider.Stripe).
@@ -155,7 +156,7 @@ func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment
 	if err != nil {
 		return providerError(err)
 	}
-	if failpoint.Hit(AfterChargeBeforeCommit) {
+	if failpoint.HitFor(AfterChargeBeforeCommit, req.UserID) {
 		return httpidem.ErrAbandon
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
