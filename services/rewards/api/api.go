@@ -118,8 +118,8 @@ func (s *Server) rates(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) addRate(w http.ResponseWriter, r *http.Request) {
 	var body struct {
-		RateBP        *int      `json:"rate_bp"`
-		EffectiveFrom time.Time `json:"effective_from"`
+		RateBP        *int       `json:"rate_bp"`
+		EffectiveFrom *time.Time `json:"effective_from"`
 	}
 	if bad := httpjson.Decode(w, r, &body); bad != nil {
 		bad.Write(w)

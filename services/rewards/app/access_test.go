@@ -123,6 +123,14 @@ func TestARateStartingSoonerThanTheMinimumLeadIsRefused(t *testing.T) {
 	if n := s.count(`SELECT count(*) FROM cashback_rates`); n != 1 {
 		t.Errorf("rates = %d, want only the seeded one", n)
 	}
+	// The zero time, sent, is a time long past, not "left out".
+	code, body = s.do(http.MethodPost, "/v1/cashback-rates", adminKey, `{"rate_bp":300,"effective_from":"0001-01-01T00:00:00Z"}`)
+	if code != http.StatusUnprocessableEntity || !strings.Contains(body, "retroactive_rate") {
+		t.Errorf("a rate from 0001-01-01: %d %s, want 422 retroactive_rate", code, body)
+	}
+	if n := s.count(`SELECT count(*) FROM cashback_rates`); n != 1 {
+		t.Errorf("rates = %d, want only the seeded one", n)
+	}
 	t0 := time.Now()
 	code, body = s.do(http.MethodPost, "/v1/cashback-rates", adminKey, `{"rate_bp":300}`)
 	if code != http.StatusCreated {
@@ -138,10 +146,14 @@ func TestARateStartingSoonerThanTheMinimumLeadIsRefused(t *testing.T) {
 }
 
 // A wallet's credits come a page at a time, newest first; next_before
-// leads to the older ones and is absent on the last page.
+// leads to the older ones and is absent on the last page. The credits' ids
+// are past 2^31 here, as a busy service's get: the cursor is a bigint.
 func TestWalletCreditsArePaginatedNewestFirst(t *testing.T) {
 	t.Parallel()
 	s := start(t, options{noWorkers: true})
+	if _, err := s.pool.Exec(context.Background(), `SELECT setval(pg_get_serial_sequence('cashback_credits', 'id'), 3000000000)`); err != nil {
+		t.Fatal(err)
+	}
 	for i := range 3 {
 		if _, err := s.pool.Exec(context.Background(), `INSERT INTO cashback_credits (payment_id, user_id, recipient,
 			payment_amount_paise, currency, rate_bp, amount_paise, event_id, payment_version, occurred_at)

@@ -62,9 +62,10 @@ var ErrRateAboveCeiling = errors.New("cashback: rate_bp above the ceiling")
 
 // RateChange is a new rate and who decided it.
 type RateChange struct {
-	// EffectiveFrom is when it starts; zero means now + RateRules.MinLead
-	// by the database clock.
-	EffectiveFrom time.Time
+	// EffectiveFrom is when it starts; nil means now + RateRules.MinLead
+	// by the database clock. A time given, even the zero time, is checked
+	// against the lead like any other.
+	EffectiveFrom *time.Time
 	RateBP        int
 	// Client is the API client making the change, stored as created_by.
 	Client string
@@ -109,10 +110,7 @@ func AddRate(ctx context.Context, pool *pgxpool.Pool, c RateChange, rules RateRu
 	if c.RateBP < 0 || c.RateBP > rules.MaxBP {
 		return Rate{}, 0, fmt.Errorf("%w: rate_bp must be within 0..%d", ErrRateAboveCeiling, rules.MaxBP)
 	}
-	var from *time.Time
-	if !c.EffectiveFrom.IsZero() {
-		from = &c.EffectiveFrom
-	}
+	from := c.EffectiveFrom
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, `INSERT INTO cashback_rates (effective_from, rate_bp, created_by)
 			SELECT coalesce($1, now() + $4 * interval '1 microsecond'), $2, $3

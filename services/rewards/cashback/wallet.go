@@ -72,7 +72,7 @@ func LoadWallet(ctx context.Context, pool *pgxpool.Pool, userID string, page Pag
 	// One more than the page: whether there is a next page, without a count.
 	rows, err := pool.Query(ctx, `SELECT id, payment_id, amount_paise, rate_bp, payment_amount_paise, currency, status,
 		event_id, occurred_at, credited_at, reversed_at, reversal_event_id
-		FROM cashback_credits WHERE user_id = $1 AND ($2 = 0 OR id < $2) ORDER BY id DESC LIMIT $3`,
+		FROM cashback_credits WHERE user_id = $1 AND ($2::bigint = 0 OR id < $2::bigint) ORDER BY id DESC LIMIT $3`,
 		userID, page.Before, page.Limit+1)
 	if err != nil {
 		return w, found, err
