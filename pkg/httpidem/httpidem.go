@@ -25,6 +25,8 @@
 // An attempt that crashed and whose client never retries is finished by
 // Store.Resume (RunResume, a service task): it takes the key over after the
 // lease, as a retry would, and runs the operation with the stored request.
+// So is one that failed with an outcome it could not know (an *Error with
+// OutcomeUnknown: a provider call that timed out may have charged the card).
 //
 // Keys are kept for Config.Retention (24 h, as Stripe does) and then deleted
 // by Cleanup; a retry after that is a new request.
@@ -114,6 +116,15 @@ type Error struct {
 	Code    string
 	Message string
 	Err     error
+	// OutcomeUnknown says the operation may have taken effect: an external
+	// call that timed out, or was answered with a server error, may have
+	// been carried out. The key is released for the client's retry as for
+	// any Error, and if no attempt has finished it one LockTimeout later,
+	// Resume runs the operation again without the client, as it does a
+	// crashed attempt's. Leave it false only when the call is known to have
+	// done nothing (refused before it ran, rate limited): an operation
+	// resumed then would act for a client that may have given up.
+	OutcomeUnknown bool
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.Err) }
@@ -345,9 +356,10 @@ func (s *Store) Handle(w http.ResponseWriter, r *http.Request, req Request, op f
 		errs.Write(w, http.StatusConflict, "idempotency_key_in_use", HeaderKey, "this request was taken over by a retry with the same Idempotency-Key")
 		return
 	}
-	s.release(a)
 	var e *Error
-	if errors.As(err, &e) {
+	isErr := errors.As(err, &e)
+	s.release(a, isErr && e.OutcomeUnknown)
+	if isErr {
 		s.log.Warn("idempotency: attempt failed, key released for a retry", "scope", req.Scope, "attempt", a.Number, "code", e.Code, "error", e.Err)
 		errs.Write(w, e.Status, e.Code, "", e.Message)
 		return
@@ -435,12 +447,15 @@ func (s *Store) begin(ctx context.Context, req Request, key string, fingerprint,
 }
 
 // release ends a failed attempt without a response, so that a retry may run
-// at once. A no-op if the attempt had saved (and committed) after all.
-func (s *Store) release(a *Attempt) {
+// at once; with resume, Resume finishes it one lease later unless an
+// attempt has by then. A no-op if the attempt had saved (and committed)
+// after all.
+func (s *Store) release(a *Attempt, resume bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := s.pool.Exec(ctx, `UPDATE idempotency_keys SET locked_at = NULL, lock_token = NULL
-		WHERE scope = $1 AND key = $2 AND lock_token = $3 AND response_code IS NULL`, a.scope, a.key, a.token)
+	_, err := s.pool.Exec(ctx, `UPDATE idempotency_keys SET locked_at = NULL, lock_token = NULL,
+		    resume_after = CASE WHEN $4 THEN now() + $5::interval ELSE resume_after END
+		WHERE scope = $1 AND key = $2 AND lock_token = $3 AND response_code IS NULL`, a.scope, a.key, a.token, resume, s.cfg.LockTimeout)
 	if err != nil {
 		// The lease then expires after LockTimeout instead.
 		s.log.Warn("idempotency: release key", "scope", a.scope, "error", err)
@@ -511,16 +526,21 @@ func (s *Store) Cleanup(ctx context.Context) (int64, error) {
 // left alone: pass the provider's own key window, less a margin (Stripe
 // keeps keys 24 h), since a call repeated after it would be a new one.
 //
-// A key whose attempt failed cleanly (an *Error: the lease released, its
-// client told to retry) is the client's to retry, and is not resumed. An op
-// that fails keeps the lease until it expires, as a crash would: the next
-// Resume tries again, and a client's retry meanwhile gets 409. Resume
+// A key whose attempt failed with an *Error marked OutcomeUnknown is
+// resumed the same way, one lease after that failure, unless an attempt has
+// finished it since. A key whose attempt failed cleanly (any other error:
+// the call known to have done nothing, the lease released, its client told
+// to retry) is the client's to retry, and is not resumed. An op that
+// fails with an *Error releases the key as Handle does (resumed again one
+// lease later only if OutcomeUnknown); one that fails otherwise keeps the
+// lease until it expires, as a crash would: the next Resume tries again,
+// and a client's retry meanwhile gets 409. Resume
 // returns how many operations it finished; op runs with the deadline Handle
 // gives it, and is not cancelled with ctx.
 func (s *Store) Resume(ctx context.Context, maxAge time.Duration, op func(ctx context.Context, a *Attempt, request []byte) error) (int, error) {
 	rows, err := s.pool.Query(ctx, `SELECT scope, key FROM idempotency_keys
-		WHERE response_code IS NULL AND locked_at <= now() - $1::interval AND request IS NOT NULL
-		  AND created_at > now() - $2::interval
+		WHERE response_code IS NULL AND request IS NOT NULL AND created_at > now() - $2::interval
+		  AND (locked_at <= now() - $1::interval OR locked_at IS NULL AND resume_after <= now())
 		ORDER BY created_at LIMIT 100`, s.cfg.LockTimeout, maxAge)
 	if err != nil {
 		return 0, fmt.Errorf("httpidem: resume: %w", err)
@@ -543,7 +563,8 @@ func (s *Store) Resume(ctx context.Context, maxAge time.Duration, op func(ctx co
 		)
 		err := s.pool.QueryRow(ctx, `UPDATE idempotency_keys
 			SET lock_token = $3, locked_at = now(), attempts = attempts + 1
-			WHERE scope = $1 AND key = $2 AND response_code IS NULL AND locked_at <= now() - $4::interval
+			WHERE scope = $1 AND key = $2 AND response_code IS NULL
+			  AND (locked_at <= now() - $4::interval OR locked_at IS NULL AND resume_after <= now())
 			RETURNING resource_id, attempts, request`,
 			k.Scope, k.Key, token, s.cfg.LockTimeout).Scan(&resource, &attempts, &request)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -566,6 +587,14 @@ func (s *Store) Resume(ctx context.Context, maxAge time.Duration, op func(ctx co
 			finished++
 			log.Info("idempotency: resumed operation finished", "status", a.status)
 		default:
+			var e *Error
+			if errors.As(err, &e) {
+				// Released as Handle releases it: for the client's retry at
+				// once, and resumed again only if the outcome is unknown.
+				s.release(a, e.OutcomeUnknown)
+				log.Warn("idempotency: resumed operation failed", "code", e.Code, "outcome_unknown", e.OutcomeUnknown, "error", e.Err)
+				continue
+			}
 			log.Warn("idempotency: resumed operation failed; tried again after the lease", "error", err)
 		}
 	}

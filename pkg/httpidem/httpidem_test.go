@@ -303,6 +303,55 @@ func TestResumeThatFailsIsTriedAgainAfterTheLease(t *testing.T) {
 	}
 }
 
+// An attempt that fails with an outcome it cannot know (OutcomeUnknown: a
+// provider call that timed out may have charged the card) releases the key
+// for its client's retry at once, and, if no retry comes, is finished by
+// Resume one lease later, with the request it was given. A client retry
+// that finishes it first leaves Resume nothing to do.
+func TestAFailureWithAnUnknownOutcomeIsResumedWithoutItsClient(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	s, pool := newStore(t, httpidem.Config{LockTimeout: lease})
+	ctx := context.Background()
+	var ran atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.Handle(w, r, httpidem.Request{Scope: "client POST /things", Fingerprint: map[string]int{"amount": 42},
+			NewResourceID: func() string { return "thing_" + r.Header.Get(httpidem.HeaderKey) }},
+			func(ctx context.Context, a *httpidem.Attempt) error {
+				if ran.Add(1) <= 2 { // the first attempt of each key
+					return &httpidem.Error{Status: 502, Code: "provider_unavailable", Message: "retry", OutcomeUnknown: true}
+				}
+				return a.Save(ctx, pool, http.StatusCreated, map[string]string{"by": "client"})
+			})
+	})
+	for _, k := range []string{"gave-up", "retried"} {
+		if w := post(t, h, k); w.Code != 502 {
+			t.Fatalf("%s: first attempt %d %s, want 502", k, w.Code, w.Body)
+		}
+	}
+	// The client that retries is not made to wait for the lease.
+	if w := post(t, h, "retried"); w.Code != http.StatusCreated {
+		t.Fatalf("the client's immediate retry: %d %s, want 201", w.Code, w.Body)
+	}
+	var resumed []string
+	resume := func(ctx context.Context, a *httpidem.Attempt, request []byte) error {
+		resumed = append(resumed, a.ResourceID)
+		if a.Number != 2 || string(request) != `{"amount":42}` {
+			t.Errorf("resumed attempt %d with request %s, want attempt 2 with the first request", a.Number, request)
+		}
+		return a.Save(ctx, pool, http.StatusCreated, map[string]string{"by": "resume"})
+	}
+	if n, err := s.Resume(ctx, time.Hour, resume); err != nil || n != 0 {
+		t.Fatalf("Resume within a lease of the failure = %d, %v; want 0: the client may be retrying", n, err)
+	}
+	time.Sleep(lease + 50*time.Millisecond)
+	if n, err := s.Resume(ctx, time.Hour, resume); err != nil || n != 1 || len(resumed) != 1 || resumed[0] != "thing_gave-up" {
+		t.Fatalf("Resume after the lease = %d, %v, resumed %v; want only the key whose client gave up", n, err, resumed)
+	}
+	if w := post(t, h, "gave-up"); w.Code != http.StatusCreated || !strings.Contains(w.Body.String(), "resume") {
+		t.Errorf("the late retry: %d %s, want the resumed 201 replayed", w.Code, w.Body)
+	}
+}
+
 // A Store without its pool is refused when it is built, not at the first
 // request.
 func TestNewRefusesANilPool(t *testing.T) {

@@ -154,7 +154,7 @@ func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment
 		return a.Save(ctx, s.pool, http.StatusPaymentRequired, errorBody(declined.Code, "", declined.Message))
 	}
 	if err != nil {
-		return providerError(err)
+		return providerError(err, "nothing was charged")
 	}
 	if failpoint.HitFor(AfterChargeBeforeCommit, req.UserID) {
 		return httpidem.ErrAbandon
@@ -271,7 +271,7 @@ func (s *Server) refundPayment(ctx context.Context, a *httpidem.Attempt, client,
 	}
 	refundID, err := s.gw.Refund(ctx, p.ID, p.ProviderRef)
 	if err != nil {
-		return providerError(err)
+		return providerError(err, "nothing was refunded")
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		q, err := store.MarkRefunded(ctx, tx, p.ID, p.Version, refundID)
@@ -295,12 +295,35 @@ func (s *Server) refundPayment(ctx context.Context, a *httpidem.Attempt, client,
 
 var alreadyRefunded = errorBody("payment_already_refunded", "", "this payment has already been refunded")
 
-// providerError is a Stripe failure whose outcome is unknown: not saved, so
-// the client's retry (same Idempotency-Key) repeats the call under the same
-// Stripe key.
-func providerError(err error) error {
+// providerError answers a Stripe failure other than a decline. Nothing is
+// saved: the client's retry (same Idempotency-Key) asks Stripe again under
+// the same Stripe key. A refusal of an invalid call (*RejectedError) is
+// 422, and says that nothing happened (done, "nothing was charged"). Any
+// other failure is 502, and unless Stripe said it did not act on the call
+// (provider.NotExecuted) its outcome is unknown: the card may have been
+// charged, so the key is marked for Resume, which repeats the call one
+// lease later if the client has not retried by then, and records what
+// Stripe answers.
+func providerError(err error, done string) error {
+	var rej *provider.RejectedError
+	if errors.As(err, &rej) {
+		return &httpidem.Error{Status: http.StatusUnprocessableEntity, Code: "provider_rejected",
+			Message: "the payment provider refused the request (" + safeCode(rej.Code) + "); " + done, Err: err}
+	}
 	return &httpidem.Error{Status: http.StatusBadGateway, Code: "provider_unavailable",
-		Message: "the payment provider did not complete the request; retry with the same Idempotency-Key", Err: err}
+		Message: "the payment provider did not complete the request; retry with the same Idempotency-Key",
+		Err:     err, OutcomeUnknown: !provider.NotExecuted(err)}
+}
+
+// safeCode is a provider's error code as it may appear in a response:
+// lower-case letters, digits and underscores, at most 64 of them.
+func safeCode(code string) string {
+	if len(code) > 64 || strings.IndexFunc(code, func(r rune) bool {
+		return (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '_'
+	}) >= 0 {
+		return "invalid_request"
+	}
+	return code
 }
 
 func errorBody(code, field, message string) service.ErrorBody {

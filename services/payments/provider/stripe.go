@@ -10,9 +10,17 @@
 // Outcomes:
 //   - a charge the card network refused (Stripe error type card_error) is a
 //     *DeclinedError: final, the API saves and replays it;
+//   - a call Stripe refused as invalid (invalid_request_error with 400 or
+//     404: an amount below the currency's minimum, say) and a refund Stripe
+//     reports failed or canceled are a *RejectedError: nothing was charged
+//     or refunded, and asking again under the same key gets the same
+//     answer;
+//   - a call refused for its API key (401, 403) is an ordinary error that
+//     NotExecuted recognises: Stripe did not act on it;
 //   - anything else that fails (network, Stripe 5xx, timeouts, a response
-//     we cannot interpret) is an ordinary error: the outcome is unknown, the
-//     API saves nothing and a retry repeats the call under the same key.
+//     we cannot interpret) is an ordinary error whose outcome is unknown:
+//     the call may have been carried out, and repeating it under the same
+//     key is how to learn its result.
 package provider
 
 import (
@@ -110,6 +118,41 @@ type DeclinedError struct {
 
 func (e *DeclinedError) Error() string { return "declined: " + e.Code + ": " + e.Message }
 
+// RejectedError is a call Stripe refused without acting on it, and would
+// refuse again: nothing was charged or refunded.
+type RejectedError struct {
+	Code    string // Stripe's error code (amount_too_small, ...) or the refund's status
+	Message string // Stripe's message, for the log
+}
+
+func (e *RejectedError) Error() string { return "rejected: " + e.Code + ": " + e.Message }
+
+// NotExecuted reports whether err is a Stripe answer saying it did not act
+// on the call at all: its API key refused (401, 403). Such a call is safe
+// to give up on; any other ordinary error may have been carried out.
+func NotExecuted(err error) bool {
+	var se *stripe.Error
+	return errors.As(err, &se) && (se.HTTPStatusCode == http.StatusUnauthorized || se.HTTPStatusCode == http.StatusForbidden)
+}
+
+// rejected turns Stripe's refusal of an invalid request into a
+// *RejectedError, and returns nil for any other error. stripe-go repeats
+// a timed-out call under the same key, and Stripe answers a repeat of a
+// call it carried out with that call's result: a final 400 or 404 means
+// none of the attempts was carried out.
+func rejected(err error) *RejectedError {
+	var se *stripe.Error
+	if errors.As(err, &se) && se.Type == stripe.ErrorTypeInvalidRequest &&
+		(se.HTTPStatusCode == http.StatusBadRequest || se.HTTPStatusCode == http.StatusNotFound) {
+		code := string(se.Code)
+		if code == "" {
+			code = "invalid_request"
+		}
+		return &RejectedError{Code: code, Message: se.Msg}
+	}
+	return nil
+}
+
 // Charge is what to charge.
 type Charge struct {
 	PaymentID   string
@@ -144,6 +187,9 @@ func (s *Stripe) Charge(ctx context.Context, c Charge) (string, error) {
 			}
 			return "", &DeclinedError{Code: code, Message: se.Msg}
 		}
+		if r := rejected(err); r != nil {
+			return "", r
+		}
 		return "", fmt.Errorf("stripe: create payment intent %s: %w", ChargeKey(c.PaymentID), err)
 	}
 	switch {
@@ -168,11 +214,16 @@ func (s *Stripe) Refund(ctx context.Context, paymentID, intentID string) (string
 	params.AddMetadata("payment_id", paymentID)
 	r, err := s.refunds.New(params)
 	if err != nil {
+		if r := rejected(err); r != nil {
+			return "", r
+		}
 		return "", fmt.Errorf("stripe: refund %s: %w", RefundKey(paymentID), err)
 	}
 	switch r.Status {
 	case stripe.RefundStatusSucceeded, stripe.RefundStatusPending:
 		return r.ID, nil // pending refunds complete without further action
+	case stripe.RefundStatusFailed, stripe.RefundStatusCanceled:
+		return "", &RejectedError{Code: "refund_" + string(r.Status), Message: "refund " + r.ID + " is " + string(r.Status)}
 	default:
 		return "", fmt.Errorf("stripe: refund %s is %s", r.ID, r.Status)
 	}
