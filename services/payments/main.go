@@ -11,7 +11,7 @@
 // STRIPE_API_KEY [sk_test_123], STRIPE_PAYMENT_METHOD [pm_card_visa],
 // STRIPE_TIMEOUT [20s], STRIPE_MOCK_FIXTURES [false; true only against
 // stripe-mock], IDEMPOTENCY_LOCK_TIMEOUT [1m], IDEMPOTENCY_KEY_TTL
-// [24h], STARTUP_WAIT [60s], PAYMENTS_API_KEYS (name[/pay]:key,... required
+// [24h, at most Stripe's 24h], STARTUP_WAIT [60s], PAYMENTS_API_KEYS (name[/pay]:key,... required
 // for the api and all roles; see service.ParseAPIKeys), PAYMENTS_RATE_LIMIT
 // [1000] per PAYMENTS_RATE_WINDOW [1s] per client and
 // PAYMENTS_RATE_LIMIT_PER_ADDRESS [2000] per remote address, FAILPOINTS

@@ -111,6 +111,12 @@ func (c *Config) Complete(args []string) error {
 	} else if c.StripeTimeout >= c.LockTimeout*3/4 {
 		l.Add(fmt.Errorf("STRIPE_TIMEOUT (%v) must be below 3/4 of IDEMPOTENCY_LOCK_TIMEOUT (%v): a charge must end before its key's lease", c.StripeTimeout, c.LockTimeout))
 	}
+	if c.KeyTTL > provider.StripeKeyRetention {
+		// An unfinished key is taken over by its client's retry at any age;
+		// past Stripe's own retention, the repeated charge could be a new one.
+		l.Add(fmt.Errorf("IDEMPOTENCY_KEY_TTL (%v) must be at most %v: Stripe keeps its idempotency keys that long, and a retry after it could charge the card twice",
+			c.KeyTTL, provider.StripeKeyRetention))
+	}
 	if c.api() {
 		_, err := c.Access.Parse("PAYMENTS_", api.Needs, service.RolePay)
 		l.Add(err)

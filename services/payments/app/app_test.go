@@ -59,6 +59,8 @@ func TestConfigErrorsAreClear(t *testing.T) {
 		{"bad stripe url", map[string]string{"STRIPE_URL": "127.0.0.1:12111"}, nil, "STRIPE_URL"},
 		{"bad duration", map[string]string{"IDEMPOTENCY_LOCK_TIMEOUT": "soon"}, nil, "IDEMPOTENCY_LOCK_TIMEOUT"},
 		{"stripe timeout over the lease", map[string]string{"STRIPE_TIMEOUT": "1m"}, nil, "STRIPE_TIMEOUT (1m0s) must be below"},
+		{"keys kept past Stripe's", map[string]string{"IDEMPOTENCY_KEY_TTL": "48h"}, nil, "IDEMPOTENCY_KEY_TTL (48h0m0s) must be at most 24h"},
+		{"keys kept as long as Stripe's", map[string]string{"IDEMPOTENCY_KEY_TTL": "24h"}, nil, ""},
 		{"no API keys for the API", map[string]string{"PAYMENTS_API_KEYS": ""}, nil, "PAYMENTS_API_KEYS is empty"},
 		{"no API keys needed by the relay", map[string]string{"PAYMENTS_API_KEYS": ""}, []string{"relay"}, ""},
 		{"short API key", map[string]string{"PAYMENTS_API_KEYS": "web:short"}, nil, "key shorter than 32 bytes"},

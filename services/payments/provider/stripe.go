@@ -45,11 +45,14 @@ func ChargeKey(paymentID string) string { return "pi:" + paymentID }
 // requests with different API keys still make one Stripe refund.
 func RefundKey(paymentID string) string { return "refund:" + paymentID }
 
+// StripeKeyRetention is how long Stripe keeps an idempotency key (at
+// least): a call repeated later under it could be a new charge.
+const StripeKeyRetention = 24 * time.Hour
+
 // KeyWindow is how long after a first call its ChargeKey or RefundKey
-// may be repeated and still get the first call's result: Stripe keeps
-// idempotency keys for at least 24 hours; an hour is left as margin. A
-// call repeated later could be a new charge.
-const KeyWindow = 23 * time.Hour
+// may be repeated without its client and still get the first call's
+// result: StripeKeyRetention less an hour of margin.
+const KeyWindow = StripeKeyRetention - time.Hour
 
 // Config configures Stripe.
 type Config struct {
