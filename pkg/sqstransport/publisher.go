@@ -187,20 +187,31 @@ func entryIndex(id *string, n int) (int, bool) {
 
 // chunks splits msgs into groups that fit one SendMessageBatch call.
 func chunks(msgs []outbox.Message) [][]outbox.Message {
-	var out [][]outbox.Message
-	var cur []outbox.Message
-	size := 0
-	for _, m := range msgs {
+	return inBatches(msgs, func(m outbox.Message) int {
 		n := len(m.Body)
 		for k, v := range m.Attributes {
 			n += len(k) + len(v) + len("String")
 		}
-		if len(cur) == maxBatchEntries || (len(cur) > 0 && size+n > maxBatchBytes) {
+		return n
+	})
+}
+
+// inBatches splits items, in order, into runs that fit one
+// SendMessageBatch call: at most maxBatchEntries, and at most maxBatchBytes
+// by size (a body and its attributes) unless one item alone is larger,
+// which goes alone and is the server's to refuse.
+func inBatches[T any](items []T, size func(T) int) [][]T {
+	var out [][]T
+	var cur []T
+	total := 0
+	for _, it := range items {
+		n := size(it)
+		if len(cur) == maxBatchEntries || (len(cur) > 0 && total+n > maxBatchBytes) {
 			out = append(out, cur)
-			cur, size = nil, 0
+			cur, total = nil, 0
 		}
-		cur = append(cur, m)
-		size += n
+		cur = append(cur, it)
+		total += n
 	}
 	if len(cur) > 0 {
 		out = append(out, cur)

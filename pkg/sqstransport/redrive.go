@@ -190,7 +190,7 @@ func queueDepth(ctx context.Context, c *sqs.Client, url string) (int, error) {
 	return total, nil
 }
 
-// redriveManually moves up to max messages, 10 per round trip.
+// redriveManually moves up to max messages, up to 10 per round trip.
 func redriveManually(ctx context.Context, c *sqs.Client, dlqURL, destURL string, max int) (int, error) {
 	moved := 0
 	var errs []error
@@ -218,35 +218,62 @@ func redriveManually(ctx context.Context, c *sqs.Client, dlqURL, destURL string,
 			}
 			entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: m.Body, MessageAttributes: attrs}
 		}
-		sent, err := c.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &destURL, Entries: entries})
-		if err != nil {
-			return moved, fmt.Errorf("sqstransport: redrive: send to %s: %w", queueName(destURL), err)
-		}
-		for _, f := range sent.Failed {
-			errs = append(errs, fmt.Errorf("send %s: %s %s", aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message)))
-		}
-		dels := make([]types.DeleteMessageBatchRequestEntry, 0, len(sent.Successful))
-		for _, s := range sent.Successful {
-			i, _ := strconv.Atoi(aws.ToString(s.Id))
-			dels = append(dels, types.DeleteMessageBatchRequestEntry{Id: s.Id, ReceiptHandle: out.Messages[i].ReceiptHandle})
-		}
-		if len(dels) == 0 {
-			continue
-		}
-		del, err := c.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &dlqURL, Entries: dels})
-		if err != nil {
-			// Sent but not deleted: the copies in the DLQ come back after
-			// their visibility timeout and a later redrive sends them again;
-			// consumers deduplicate by event_id.
-			return moved, fmt.Errorf("sqstransport: redrive: delete from %s after sending %d: %w", queueName(dlqURL), len(dels), err)
-		}
-		moved += len(del.Successful)
-		for _, f := range del.Failed {
-			errs = append(errs, fmt.Errorf("delete %s: %s %s", aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message)))
+		// Batches that fit a request: one receive of large messages can
+		// hold more bytes than one SendMessageBatch may carry.
+		for _, batch := range inBatches(entries, entrySize) {
+			n, failed, err := resend(ctx, c, dlqURL, destURL, batch, out.Messages)
+			moved += n
+			errs = append(errs, failed...)
+			if err != nil {
+				return moved, err
+			}
 		}
 	}
 	if len(errs) > 0 {
 		return moved, fmt.Errorf("sqstransport: redrive: %d entries failed: %w", len(errs), errors.Join(errs...))
 	}
 	return moved, nil
+}
+
+// resend sends batch (entries whose Id is the index of their message in
+// received) to destURL, then deletes from dlqURL the messages it accepted.
+// It returns how many it deleted, the entries that failed, and an error
+// that ends the redrive.
+func resend(ctx context.Context, c *sqs.Client, dlqURL, destURL string, batch []types.SendMessageBatchRequestEntry, received []types.Message) (int, []error, error) {
+	sent, err := c.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &destURL, Entries: batch})
+	if err != nil {
+		return 0, nil, fmt.Errorf("sqstransport: redrive: send to %s: %w", queueName(destURL), err)
+	}
+	var errs []error
+	for _, f := range sent.Failed {
+		errs = append(errs, fmt.Errorf("send %s: %s %s", aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message)))
+	}
+	dels := make([]types.DeleteMessageBatchRequestEntry, 0, len(sent.Successful))
+	for _, s := range sent.Successful {
+		i, _ := strconv.Atoi(aws.ToString(s.Id))
+		dels = append(dels, types.DeleteMessageBatchRequestEntry{Id: s.Id, ReceiptHandle: received[i].ReceiptHandle})
+	}
+	if len(dels) == 0 {
+		return 0, errs, nil
+	}
+	del, err := c.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &dlqURL, Entries: dels})
+	if err != nil {
+		// Sent but not deleted: the copies in the DLQ come back after
+		// their visibility timeout and a later redrive sends them again;
+		// consumers deduplicate by event_id.
+		return 0, errs, fmt.Errorf("sqstransport: redrive: delete from %s after sending %d: %w", queueName(dlqURL), len(dels), err)
+	}
+	for _, f := range del.Failed {
+		errs = append(errs, fmt.Errorf("delete %s: %s %s", aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message)))
+	}
+	return len(del.Successful), errs, nil
+}
+
+// entrySize is what an entry counts against a batch's size limit.
+func entrySize(e types.SendMessageBatchRequestEntry) int {
+	n := len(aws.ToString(e.MessageBody))
+	for k, v := range e.MessageAttributes {
+		n += len(k) + len(aws.ToString(v.DataType)) + len(aws.ToString(v.StringValue)) + len(v.BinaryValue)
+	}
+	return n
 }

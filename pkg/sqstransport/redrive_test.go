@@ -3,6 +3,7 @@ package sqstransport_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -130,5 +131,38 @@ func TestRedriveMaxMovesAtMostMax(t *testing.T) {
 	}
 	if _, err := sqstransport.Redrive(ctx, c, dlq, dlq, 0); err == nil {
 		t.Error("redrive of a queue into itself accepted")
+	}
+}
+
+// Large parked messages are sent back in batches that fit SQS's limit on
+// a SendMessageBatch request, not one batch per receive: ten messages of
+// 200 KB (2 MB in one receive) all reach the source queue, whole.
+func TestRedriveMovesLargeMessagesInBatchesThatFit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testenv.SQS(t)
+	q, dlq := testenv.Queue(t, c, 5, 30*time.Second)
+	const n, size = 10, 200_000
+	for i := range n {
+		body := fmt.Sprintf(`{"n":%d,"pad":"%s"}`, i, strings.Repeat("x", size))
+		if _, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(dlq), MessageBody: aws.String(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	moved, err := sqstransport.Redrive(ctx, c, dlq, q, 0)
+	if err != nil || moved != n {
+		t.Fatalf("Redrive = %d, %v; want %d, nil", moved, err, n)
+	}
+	got := drain(t, c, q)
+	if len(got) != n {
+		t.Fatalf("source queue holds %d messages, want %d", len(got), n)
+	}
+	for _, m := range got {
+		if len(aws.ToString(m.Body)) < size {
+			t.Errorf("a redriven body of %d bytes, want the whole message", len(aws.ToString(m.Body)))
+		}
+	}
+	if left := drain(t, c, dlq); len(left) != 0 {
+		t.Errorf("DLQ still holds %d messages", len(left))
 	}
 }
