@@ -170,6 +170,7 @@ type App struct {
 	addr       string
 	http       service.HTTPTimeouts
 	log        *slog.Logger
+	queue      string // REWARDS_QUEUE: the subscriber's task is named for it
 }
 
 // Migrate applies the schema: the inbox (pkg/idempotent) and notifications.
@@ -282,7 +283,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		return nil, err
 	}
 	return &App{Sender: snd, Inbox: inbox, Router: r, subscriber: sub, processor: proc, procPool: procPool, maintainer: maint,
-		addr: front.Addr, http: cfg.HTTP(), log: log}, nil
+		addr: front.Addr, http: cfg.HTTP(), log: log, queue: cfg.RewardsQueue}, nil
 }
 
 // receiver stores each delivery in the inbox and acks it at once. Events
@@ -333,7 +334,7 @@ func (a *App) Tasks() []service.Task {
 // Workers are Tasks without the HTTP server (tests serve Router themselves).
 func (a *App) Workers() []service.Task {
 	return []service.Task{
-		{Name: "subscriber rewards-events (inbox receiver)", Run: a.subscriber.Run},
+		{Name: "subscriber " + a.queue + " (inbox receiver)", Run: a.subscriber.Run},
 		{Name: "inbox processor", Run: a.processor.Run},
 		{Name: "sms sender", Run: a.Sender.Run},
 		{Name: "inbox retention maintenance", Run: a.maintainer.Run},

@@ -241,3 +241,20 @@ func TestARateChangeBodyIsReadStrictlyAndARefusedOneWritesNoRate(t *testing.T) {
 		t.Errorf("%d rates after refused changes, want only the seeded one", n)
 	}
 }
+
+// The tasks are named for the queues as configured, so a shutdown that
+// names a task still running names the queue it really reads.
+func TestTasksAreNamedForTheConfiguredQueues(t *testing.T) {
+	t.Parallel()
+	s := start(t, options{noWorkers: true})
+	var names []string
+	for _, task := range s.app.Tasks() {
+		names = append(names, task.Name)
+	}
+	all := strings.Join(names, ", ")
+	for _, want := range []string{"subscriber " + name(s.payments), "outbox relay " + name(s.rewards)} {
+		if !strings.Contains(all, want) {
+			t.Errorf("tasks %s; want one named %q", all, want)
+		}
+	}
+}

@@ -112,6 +112,8 @@ type App struct {
 	addr       string
 	http       service.HTTPTimeouts
 	log        *slog.Logger
+	// the queues, as configured: the tasks are named for them
+	paymentsQueue, rewardsQueue string
 }
 
 // Migrate applies the schema this service needs: the outbox, the dedupe
@@ -200,15 +202,15 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		"sqs " + cfg.RewardsQueue:  sqstransport.QueueCheck(client, cfg.RewardsQueue)})
 	srv.Routes(r)
 	return &App{Processor: proc, Fail: cfg.Fail, Router: r, pool: pool, subscriber: sub, relay: relay, wake: wake,
-		maintainer: maint, addr: front.Addr, http: cfg.HTTP(), log: log}, nil
+		maintainer: maint, addr: front.Addr, http: cfg.HTTP(), log: log, paymentsQueue: cfg.PaymentsQueue, rewardsQueue: cfg.RewardsQueue}, nil
 }
 
 // Tasks are the service's long-running parts, for service.Run.
 func (a *App) Tasks() []service.Task {
 	return []service.Task{
 		service.HTTPTask(a.addr, a.Router, a.log, a.http),
-		{Name: "subscriber payments-events", Run: a.subscriber.Run},
-		{Name: "outbox relay rewards-events", Run: a.relay.Run},
+		{Name: "subscriber " + a.paymentsQueue, Run: a.subscriber.Run},
+		{Name: "outbox relay " + a.rewardsQueue, Run: a.relay.Run},
 		{Name: "outbox wake-up (NOTIFY after commit)", Run: a.wake.Run},
 		{Name: "dedupe retention maintenance", Run: a.maintainer.Run},
 	}

@@ -54,7 +54,11 @@ func main() {
 	}
 	log.Warn("TEST DOUBLE: development SMS provider; it sends nothing to any phone and keeps messages in memory. Never use it in production",
 		"addr", addr)
-	err = service.Run(context.Background(), log, cfg.ShutdownTimeout, service.HTTPTask(addr, h, log, cfg.HTTP()))
+	ts, err := tasks(cfg, addr, h, log)
+	if err != nil {
+		service.Fatal(log, "bad configuration", err)
+	}
+	err = service.Run(context.Background(), log, cfg.ShutdownTimeout, ts...)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	if serr := tel.Shutdown(ctx); serr != nil {
 		log.Warn("telemetry shutdown", "error", serr)
@@ -63,6 +67,20 @@ func main() {
 	if err != nil {
 		service.Fatal(log, "stopped", err)
 	}
+}
+
+// tasks are the process's parts: the API on addr, and Go's profiles on
+// PPROF_ADDR when it is set, as every service serves them.
+func tasks(cfg config, addr string, h http.Handler, log *slog.Logger) ([]service.Task, error) {
+	ts := []service.Task{service.HTTPTask(addr, h, log, cfg.HTTP())}
+	if cfg.PprofAddr != "" {
+		t, err := service.PprofTask(cfg.PprofAddr, log)
+		if err != nil {
+			return nil, err
+		}
+		ts = append(ts, t)
+	}
+	return ts, nil
 }
 
 // build checks cfg and returns the address to listen on and the handler,

@@ -41,3 +41,22 @@ func TestTheTestDoubleBindsLoopbackAndRefusesARemoteAddressUnlessAllowed(t *test
 		}
 	}
 }
+
+// PPROF_ADDR, which the test double reads as every service does, serves
+// profiles as it does there: a task of its own, on a loopback address only.
+func TestPprofAddrServesProfiles(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	var cfg config
+	if ts, err := tasks(cfg, "127.0.0.1:8090", nil, log); err != nil || len(ts) != 1 {
+		t.Fatalf("without PPROF_ADDR: %d tasks, %v; want the API only", len(ts), err)
+	}
+	cfg.PprofAddr = "127.0.0.1:6061"
+	ts, err := tasks(cfg, "127.0.0.1:8090", nil, log)
+	if err != nil || len(ts) != 2 || ts[1].Name != "pprof 127.0.0.1:6061" {
+		t.Fatalf("with PPROF_ADDR: %+v, %v; want the API and pprof 127.0.0.1:6061", ts, err)
+	}
+	cfg.PprofAddr = "0.0.0.0:6061"
+	if _, err := tasks(cfg, "127.0.0.1:8090", nil, log); err == nil {
+		t.Error("a non-loopback PPROF_ADDR accepted")
+	}
+}
