@@ -38,3 +38,26 @@ func TestLoadCompletesTheConfigWithTheArgumentsAfterTheEnvironment(t *testing.T)
 		t.Fatalf("argument nothing: %v, want Complete's refusal", err)
 	}
 }
+
+// Two nested settings with the same Go field name (a consumer's and a
+// relay's BatchSize) are told apart: a malformed value is blamed on the
+// variable that holds it, not on whichever of the two was mapped last.
+func TestAMalformedValueNamesItsOwnVariableWhenFieldNamesRepeat(t *testing.T) {
+	type part struct {
+		BatchSize int `env:"BATCH_SIZE" envDefault:"10"`
+	}
+	type config struct {
+		Consumer part `envPrefix:"CONSUMER_"`
+		Relay    part `envPrefix:"RELAY_"`
+	}
+	t.Setenv("CONSUMER_BATCH_SIZE", "abc")
+	_, err := LoadConfig[config]()
+	if err == nil || !strings.Contains(err.Error(), "CONSUMER_BATCH_SIZE") || strings.Contains(err.Error(), "RELAY_BATCH_SIZE") {
+		t.Errorf("CONSUMER_BATCH_SIZE=abc: %v; want an error naming CONSUMER_BATCH_SIZE and only it", err)
+	}
+	t.Setenv("RELAY_BATCH_SIZE", "many")
+	_, err = LoadConfig[config]()
+	if err == nil || !strings.Contains(err.Error(), "CONSUMER_BATCH_SIZE") || !strings.Contains(err.Error(), "RELAY_BATCH_SIZE") {
+		t.Errorf("both malformed: %v; want an error naming both", err)
+	}
+}

@@ -51,22 +51,44 @@ func nameVariables(t reflect.Type, err error) error {
 	if t.Kind() != reflect.Struct || !errors.As(err, &agg) {
 		return err
 	}
-	vars := map[string]string{}
+	vars := map[string][]string{}
 	variableNames(t, "", vars)
 	errs := make([]error, 0, len(agg.Errors))
 	for _, e := range agg.Errors {
 		var pe env.ParseError
-		if errors.As(e, &pe) && vars[pe.Name] != "" {
-			e = fmt.Errorf("%s: invalid value: %w", vars[pe.Name], pe.Err)
+		if errors.As(e, &pe) {
+			if name := variableOf(vars[pe.Name], pe.Err); name != "" {
+				e = fmt.Errorf("%s: invalid value: %w", name, pe.Err)
+			}
 		}
 		errs = append(errs, e)
 	}
 	return errors.Join(errs...)
 }
 
+// variableOf picks, of the variables a Go field name may stand for (a
+// consumer's and a relay's BatchSize), the one whose value err refused:
+// the only one set, or the one whose value err quotes.
+func variableOf(names []string, err error) string {
+	var set []string
+	for _, n := range names {
+		if v, ok := os.LookupEnv(n); ok {
+			if len(names) == 1 || strings.Contains(err.Error(), strconv.Quote(v)) {
+				return n
+			}
+			set = append(set, n)
+		}
+	}
+	if len(set) == 1 {
+		return set[0]
+	}
+	return strings.Join(names, " or ")
+}
+
 // variableNames maps the Go field names of t, and of the structs it nests
-// with an envPrefix (embedded ones included), to their variable names.
-func variableNames(t reflect.Type, prefix string, vars map[string]string) {
+// with an envPrefix (embedded ones included), to their variable names:
+// more than one where nested structs repeat a field name.
+func variableNames(t reflect.Type, prefix string, vars map[string][]string) {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		if p, ok := f.Tag.Lookup("envPrefix"); ok && f.Type.Kind() == reflect.Struct {
@@ -74,7 +96,7 @@ func variableNames(t reflect.Type, prefix string, vars map[string]string) {
 			continue
 		}
 		if name, _, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" && name != "-" {
-			vars[f.Name] = prefix + name
+			vars[f.Name] = append(vars[f.Name], prefix+name)
 		}
 	}
 }
