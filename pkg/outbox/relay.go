@@ -560,7 +560,11 @@ func (r *Relay) finish(ctx context.Context, conn *pgx.Conn, ok [][16]byte, faile
 	if len(ids) == 0 {
 		return err
 	}
-	if _, rerr := r.pool.Exec(ctx, rescheduleSQL, reschedule...); rerr != nil {
+	// On a context of its own: when the mark ran out of MarkTimeout, ctx
+	// has too, and the failed rows would stay due at once.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MarkTimeout)
+	defer cancel()
+	if _, rerr := r.pool.Exec(rctx, rescheduleSQL, reschedule...); rerr != nil {
 		return errors.Join(err, fmt.Errorf("outbox: reschedule failed rows: %w", rerr))
 	}
 	r.failures.Add(ctx, int64(len(ids)))

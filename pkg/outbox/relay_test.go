@@ -939,3 +939,30 @@ func TestStuckRelayReleasesItsRowsAfterTheLease(t *testing.T) {
 		t.Fatalf("after the rescue: %+v; want published once, attempts 1", s)
 	}
 }
+
+// A mark that runs out of MarkTimeout (here a trigger holds it for 2 s)
+// still leaves the batch's failed rows rescheduled, on a context of their
+// own: backed off with the attempt and its error recorded, not due again
+// at once to be re-sent every poll.
+func TestFailedRowsAreRescheduledWhenTheMarkTimesOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	_, _, pub := queue(t)
+	if _, err := pool.Exec(ctx, `CREATE FUNCTION slow_mark() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$;
+		CREATE TRIGGER slow_mark BEFORE UPDATE ON outbox FOR EACH ROW
+			WHEN (NEW.published_at IS NOT NULL AND OLD.published_at IS NULL) EXECUTE FUNCTION slow_mark()`); err != nil {
+		t.Fatal(err)
+	}
+	failing, fine := newEvent(t, 1), newEvent(t, 2)
+	addCommitted(t, ctx, pool, failing, fine)
+	flaky := &flakyPublisher{next: pub, failIDs: map[uuid.UUID]int{failing.EventID: 1}}
+	relay := newRelay(t, pool, flaky, outbox.RelayConfig{MarkTimeout: 300 * time.Millisecond, RetryBase: time.Minute, RetryMax: time.Hour})
+	if _, err := relay.RelayOnce(ctx); err == nil || !strings.Contains(err.Error(), "mark published") {
+		t.Fatalf("RelayOnce with a mark held past its timeout: %v; want the mark's error", err)
+	}
+	if s := state(t, pool, failing.EventID); s.Attempts != 1 || s.LastError == nil || s.DueIn < 30*time.Second {
+		t.Errorf("the failed row after the mark timed out: %+v; want attempt 1 recorded with its error, due in about a minute", s)
+	}
+}
