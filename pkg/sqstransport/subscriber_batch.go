@@ -177,7 +177,38 @@ func (s *Subscriber) callBatch(ctx context.Context, ds []Delivery) (panicked boo
 			}
 		}
 	}()
-	return false, s.batch(ctx, ds)
+	bounded, release := boundTo(ctx, ds)
+	defer release()
+	return false, s.batch(ctx, bounded)
+}
+
+// boundTo returns copies of ds whose Ctx, keeping its values (the
+// message's span), ends with hctx: its deadline (HandlerTimeout) and its
+// cancellation. A batch handler runs each message's work in its Ctx, so
+// the deadline must reach it there, not only the handler's own ctx.
+// release frees what the copies hold once the handler has returned.
+func boundTo(hctx context.Context, ds []Delivery) (bounded []Delivery, release func()) {
+	bounded = make([]Delivery, len(ds))
+	cancels := make([]func(), 0, 2*len(ds))
+	deadline, ok := hctx.Deadline()
+	for i, d := range ds {
+		var c context.Context
+		var cancel context.CancelFunc
+		if ok {
+			c, cancel = context.WithDeadline(context.WithoutCancel(d.Ctx), deadline)
+		} else {
+			c, cancel = context.WithCancel(context.WithoutCancel(d.Ctx))
+		}
+		stop := context.AfterFunc(hctx, cancel)
+		d.Ctx = c
+		bounded[i] = d
+		cancels = append(cancels, func() { stop() }, cancel)
+	}
+	return bounded, func() {
+		for _, f := range cancels {
+			f()
+		}
+	}
 }
 
 // extend renews the visibility of receipts, ten per call.

@@ -168,3 +168,53 @@ func TestBatchHandlerPanicLeavesTheReceiveForRedelivery(t *testing.T) {
 		t.Errorf("handler called %d times, want 2 (the panic, then the redelivery)", calls)
 	}
 }
+
+// HandlerTimeout reaches each delivery's own context, the one a batch
+// handler runs each message's effect with (idempotent.Item.Ctx): a hung
+// effect is cut at the deadline, not left holding its dedupe key and a
+// connection while the heartbeat keeps the message invisible.
+func TestBatchHandlerTimeoutReachesEachDeliverysContext(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, _ := testenv.Queue(t, c, 5, 30*time.Second)
+	send(t, c, q, newEvent(t, 1))
+	cut := make(chan time.Duration, 1)
+	h := func(ctx context.Context, ds []sqstransport.Delivery) []error {
+		t0 := time.Now()
+		select {
+		case <-ds[0].Ctx.Done(): // the effect waits on its delivery's context
+		case <-time.After(12 * time.Second):
+		}
+		select {
+		case cut <- time.Since(t0):
+		default:
+		}
+		out := make([]error, len(ds))
+		for i := range out {
+			out[i] = ds[0].Ctx.Err()
+		}
+		return out
+	}
+	cfg := testConfig(q) // Visibility 5s: the default deadline is 4s
+	s, err := sqstransport.NewBatchSubscriber(c, cfg, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	select {
+	case d := <-cut:
+		if d >= cfg.Visibility {
+			t.Errorf("the hung effect ran %v, want it cut at the handler deadline (about 4s, below the 5s visibility)", d)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the batch handler was never called")
+	}
+}
