@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -97,7 +98,11 @@ func Serve[C Configured](ctx context.Context, name string, cfg C, log *slog.Logg
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
-	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(sctx)
+	}()
 	log.Info("telemetry", "trace_exporter", tel.Exporter)
 	wait := DefaultDatabaseWait
 	if w, ok := any(cfg).(DatabaseWaiter); ok && w.DatabaseWait() > 0 {
@@ -107,11 +112,25 @@ func Serve[C Configured](ctx context.Context, name string, cfg C, log *slog.Logg
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
-	defer pool.Close()
+	// Past the shutdown deadline, tasks still running hold connections, and
+	// closing the pool (or the app) would wait for them: the process exits
+	// instead, and its end releases them, as a crash's would.
+	abandoned := false
+	defer func() {
+		if !abandoned {
+			pool.Close()
+		}
+	}()
 	app, err := build(ctx, cfg, Deps{Pool: pool, Metrics: tel.Metrics, Log: log})
 	if err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	defer app.Close()
-	return Run(ctx, log, cfg.ProcessConfig().ShutdownTimeout, append(app.Tasks(), extra...)...)
+	defer func() {
+		if !abandoned {
+			app.Close()
+		}
+	}()
+	err = Run(ctx, log, cfg.ProcessConfig().ShutdownTimeout, append(app.Tasks(), extra...)...)
+	abandoned = errors.Is(err, ErrShutdownDeadline)
+	return err
 }

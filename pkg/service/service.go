@@ -217,6 +217,10 @@ func (p Process) HTTP() HTTPTimeouts {
 	return HTTPTimeouts{Read: p.HTTPReadTimeout, Write: p.HTTPWriteTimeout}
 }
 
+// ErrShutdownDeadline is Run's error when tasks were still running at the
+// shutdown deadline (its message names them).
+var ErrShutdownDeadline = errors.New("shutdown deadline exceeded")
+
 // Run runs tasks until SIGINT/SIGTERM or until one fails, then cancels the
 // rest and waits for them to drain, for at most shutdown (zero or less:
 // DefaultShutdownTimeout). It returns the first task error, or an error
@@ -268,7 +272,7 @@ func Run(ctx context.Context, log *slog.Logger, shutdown time.Duration, tasks ..
 		}
 		mu.Unlock()
 		slices.Sort(names)
-		return fmt.Errorf("shutdown deadline %v exceeded; still running: %s", deadline, strings.Join(names, ", "))
+		return fmt.Errorf("%w: %v; still running: %s", ErrShutdownDeadline, deadline, strings.Join(names, ", "))
 	}
 }
 
