@@ -336,9 +336,15 @@ const DefaultListenHost = "127.0.0.1"
 // the form host:port is the whole address, as before LISTEN_ADDR existed;
 // then LISTEN_ADDR must be unset.
 func ListenAddr(host, port string) (string, error) {
+	return ListenAddrOf("PORT", host, port)
+}
+
+// ListenAddrOf is ListenAddr for a process whose port variable is named
+// portVar (SMS_PROVIDER_PORT), so that its errors name what to fix.
+func ListenAddrOf(portVar, host, port string) (string, error) {
 	if h, p, err := net.SplitHostPort(port); err == nil {
 		if host != "" {
-			return "", fmt.Errorf("PORT %q names a host and LISTEN_ADDR %q another: set the host in LISTEN_ADDR only", port, host)
+			return "", fmt.Errorf("%s %q names a host and LISTEN_ADDR %q another: set the host in LISTEN_ADDR only", portVar, port, host)
 		}
 		host, port = h, p
 		if host == "" {
@@ -346,7 +352,7 @@ func ListenAddr(host, port string) (string, error) {
 		}
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		return "", fmt.Errorf("PORT %q: want a port number", port)
+		return "", fmt.Errorf("%s %q: want a port number", portVar, port)
 	}
 	if host == "" {
 		host = DefaultListenHost

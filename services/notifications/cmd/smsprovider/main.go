@@ -86,7 +86,7 @@ func tasks(cfg config, addr string, h http.Handler, log *slog.Logger) ([]service
 // build checks cfg and returns the address to listen on and the handler,
 // which logs to log and serves metrics on /metrics.
 func build(cfg config, log *slog.Logger, metrics http.Handler) (string, http.Handler, error) {
-	addr, err := service.ListenAddr(cfg.ListenAddr, cfg.Port)
+	addr, err := service.ListenAddrOf("SMS_PROVIDER_PORT", cfg.ListenAddr, cfg.Port)
 	if err != nil {
 		return "", nil, err
 	}

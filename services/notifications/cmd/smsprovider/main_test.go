@@ -31,6 +31,8 @@ func TestTheTestDoubleBindsLoopbackAndRefusesARemoteAddressUnlessAllowed(t *test
 		{config{Port: "8090", Access: service.AccessEnv{RateLimit: 1, AddressRateLimit: 1, RateWindow: time.Second}}, "", "SMS_PROVIDER_API_KEYS is empty"},
 		// No client may send: the notifications service would get 403 on every SMS.
 		{config{Port: "8090", Access: noSender}, "", "role send"},
+		// Its port is SMS_PROVIDER_PORT, not the services' PORT: the error names it.
+		{config{Port: "80a", Access: keys}, "", `SMS_PROVIDER_PORT "80a"`},
 	} {
 		addr, _, err := build(c.cfg, slog.New(slog.DiscardHandler), nil)
 		switch {
