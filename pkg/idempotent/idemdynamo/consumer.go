@@ -21,8 +21,12 @@
 // What it does not do, and why:
 //   - ClientRequestToken is not used as the dedupe key: DynamoDB remembers
 //     it for 10 minutes, while redeliveries and redrives come days later.
-//     The dedupe item is the key; an SDK retry of a transaction that did
-//     commit comes back cancelled by it, as a Duplicate, and is acked.
+//     The dedupe item is the key. The SDK fills in a token of its own for
+//     each call, the same for its retries of that call: a retry of a
+//     transaction that did commit comes back as a success (Applied, the
+//     effect once). A later call, with another token (this package's own
+//     retry, a redelivery), comes back cancelled by the dedupe item, as a
+//     Duplicate. Either is acked.
 //   - The effect is a list of write actions, not a function of a
 //     transaction: DynamoDB has no interactive transactions. Whatever the
 //     handler reads to build them is read outside the transaction; make the
