@@ -78,6 +78,9 @@ func EnsureQueue(ctx context.Context, c *sqs.Client, name string, maxReceiveCoun
 	if visibilityTimeout < 0 || visibilityTimeout > 12*time.Hour {
 		return "", "", fmt.Errorf("sqstransport: visibility timeout %v out of SQS's range 0..12h", visibilityTimeout)
 	}
+	if visibilityTimeout%time.Second != 0 {
+		return "", "", fmt.Errorf("sqstransport: visibility timeout %v: SQS takes whole seconds", visibilityTimeout)
+	}
 	seconds := func(d time.Duration) string { return strconv.Itoa(int(d / time.Second)) }
 
 	dlqURL, err = ensure(ctx, c, name+DLQSuffix, map[string]string{

@@ -98,7 +98,7 @@ func TestEnsureQueueRejectsBadSettings(t *testing.T) {
 	for _, tc := range []struct {
 		maxReceive int
 		vis        time.Duration
-	}{{0, time.Second}, {1001, time.Second}, {5, -time.Second}, {5, 13 * time.Hour}} {
+	}{{0, time.Second}, {1001, time.Second}, {5, -time.Second}, {5, 13 * time.Hour}, {5, 1500 * time.Millisecond}, {5, 500 * time.Millisecond}} {
 		if _, _, err := sqstransport.EnsureQueue(context.Background(), c, uniqueName(t), tc.maxReceive, tc.vis); err == nil {
 			t.Errorf("EnsureQueue(maxReceive %d, visibility %v) succeeded, want an error", tc.maxReceive, tc.vis)
 		}
