@@ -79,19 +79,7 @@ func TestBatchSubscriberHandsWholeReceivesAndSettlesEachMessage(t *testing.T) {
 	}
 	cfg := testConfig(q)
 	cfg.Concurrency = 1
-	s, err := sqstransport.NewBatchSubscriber(c, cfg, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	runBatch(t, c, cfg, h)
 	waitFor(t, 20*time.Second, "every message settled", func() bool {
 		v, i := depth(t, c, q)
 		mu.Lock()
@@ -145,19 +133,7 @@ func TestBatchHandlerPanicLeavesTheReceiveForRedelivery(t *testing.T) {
 		return make([]error, len(ds))
 	}
 	cfg := testConfig(q)
-	s, err := sqstransport.NewBatchSubscriber(c, cfg, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	runBatch(t, c, cfg, h)
 	// The redelivery first: a server's approximate counts may pass
 	// through 0 visible, 0 in flight as the visibility runs out.
 	waitFor(t, 20*time.Second, "the redelivery handled", func() bool { mu.Lock(); defer mu.Unlock(); return calls >= 2 })
@@ -196,6 +172,21 @@ func TestBatchHandlerTimeoutReachesEachDeliverysContext(t *testing.T) {
 		return out
 	}
 	cfg := testConfig(q) // Visibility 5s: the default deadline is 4s
+	runBatch(t, c, cfg, h)
+	select {
+	case d := <-cut:
+		if d >= cfg.Visibility {
+			t.Errorf("the hung effect ran %v, want it cut at the handler deadline (about 4s, below the 5s visibility)", d)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the batch handler was never called")
+	}
+}
+
+// runBatch runs a batch subscriber with h until the test ends; Run must
+// then return nil.
+func runBatch(t *testing.T, c *sqs.Client, cfg sqstransport.SubscriberConfig, h sqstransport.BatchHandler) {
+	t.Helper()
 	s, err := sqstransport.NewBatchSubscriber(c, cfg, h)
 	if err != nil {
 		t.Fatal(err)
@@ -209,12 +200,4 @@ func TestBatchHandlerTimeoutReachesEachDeliverysContext(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	select {
-	case d := <-cut:
-		if d >= cfg.Visibility {
-			t.Errorf("the hung effect ran %v, want it cut at the handler deadline (about 4s, below the 5s visibility)", d)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the batch handler was never called")
-	}
 }
