@@ -122,8 +122,9 @@ type Error struct {
 	// any Error, and if no attempt has finished it one LockTimeout later,
 	// Resume runs the operation again without the client, as it does a
 	// crashed attempt's. Leave it false only when the call is known to have
-	// done nothing (refused before it ran, rate limited): an operation
-	// resumed then would act for a client that may have given up.
+	// done nothing (refused before it ran: its credentials rejected, the
+	// request invalid): an operation resumed then would act for the first
+	// time, for a client that may have given up.
 	OutcomeUnknown bool
 }
 
