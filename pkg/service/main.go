@@ -86,13 +86,9 @@ func Main[C Configured](name string, databaseURL func(C) string, build func(cont
 // run a whole service in their process.
 func Serve[C Configured](ctx context.Context, name string, cfg C, log *slog.Logger, databaseURL func(C) string, build func(context.Context, C, Deps) (App, error)) error {
 	LogConfig(log, cfg)
-	var extra []Task // the process's own, beside the app's
-	if addr := cfg.ProcessConfig().PprofAddr; addr != "" {
-		t, err := PprofTask(addr, log)
-		if err != nil {
-			return err
-		}
-		extra = append(extra, t)
+	extra, err := cfg.ProcessConfig().Tasks(log) // the process's own, beside the app's
+	if err != nil {
+		return err
 	}
 	tel, err := SetupTelemetry(name)
 	if err != nil {

@@ -212,6 +212,19 @@ func (p Process) Validate() error {
 	return l.Err()
 }
 
+// Tasks are the ones every process runs beside its own, from p: Go's
+// profiles on PprofAddr when it is set.
+func (p Process) Tasks(log *slog.Logger) ([]Task, error) {
+	if p.PprofAddr == "" {
+		return nil, nil
+	}
+	t, err := PprofTask(p.PprofAddr, log)
+	if err != nil {
+		return nil, err
+	}
+	return []Task{t}, nil
+}
+
 // HTTP is the server timeouts of p, for HTTPTask and NewHTTPServer.
 func (p Process) HTTP() HTTPTimeouts {
 	return HTTPTimeouts{Read: p.HTTPReadTimeout, Write: p.HTTPWriteTimeout}

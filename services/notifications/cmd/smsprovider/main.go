@@ -69,18 +69,14 @@ func main() {
 	}
 }
 
-// tasks are the process's parts: the API on addr, and Go's profiles on
-// PPROF_ADDR when it is set, as every service serves them.
+// tasks are the process's parts: the API on addr, and the tasks every
+// service runs beside its own (Go's profiles on PPROF_ADDR when it is set).
 func tasks(cfg config, addr string, h http.Handler, log *slog.Logger) ([]service.Task, error) {
-	ts := []service.Task{service.HTTPTask(addr, h, log, cfg.HTTP())}
-	if cfg.PprofAddr != "" {
-		t, err := service.PprofTask(cfg.PprofAddr, log)
-		if err != nil {
-			return nil, err
-		}
-		ts = append(ts, t)
+	extra, err := cfg.Process.Tasks(log)
+	if err != nil {
+		return nil, err
 	}
-	return ts, nil
+	return append([]service.Task{service.HTTPTask(addr, h, log, cfg.HTTP())}, extra...), nil
 }
 
 // build checks cfg and returns the address to listen on and the handler,
