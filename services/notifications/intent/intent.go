@@ -26,7 +26,9 @@ import (
 // CashbackCredited that arrives after its CashbackReversed was applied
 // (the inbox applies such a late row; telling the customer "it is in your
 // wallet" then would be false). The version is recorded in tx, so a
-// rolled-back intent leaves no trace of it.
+// rolled-back intent leaves no trace of it. The intent row keeps its
+// payment and version too: the sender sends a payment's SMS in version
+// order.
 func Record(ctx context.Context, tx pgx.Tx, e events.Envelope) (recorded bool, err error) {
 	in, err := compose.Build(e)
 	if err != nil {
@@ -43,9 +45,11 @@ func Record(ctx context.Context, tx pgx.Tx, e events.Envelope) (recorded bool, e
 			"event_id", e.EventID, "event_type", e.EventType, "payment_id", e.AggregateID, "version", e.AggregateVersion)
 		return false, nil
 	}
-	tag, err = tx.Exec(ctx, `INSERT INTO notifications (event_id, event_type, channel, kind, recipient, body, idempotency_key, traceparent)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (event_id, channel) DO NOTHING`,
-		in.EventID, in.EventType, compose.Channel, in.Kind, in.Recipient, in.Body, compose.Key(in.EventID), traceparent(ctx))
+	tag, err = tx.Exec(ctx, `INSERT INTO notifications (event_id, event_type, channel, kind, recipient, body, idempotency_key, traceparent,
+		aggregate_id, aggregate_version)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (event_id, channel) DO NOTHING`,
+		in.EventID, in.EventType, compose.Channel, in.Kind, in.Recipient, in.Body, compose.Key(in.EventID), traceparent(ctx),
+		e.AggregateID, e.AggregateVersion)
 	if err != nil {
 		return false, fmt.Errorf("record notification intent: %w", err)
 	}

@@ -310,13 +310,22 @@ func (s *Sender) SendOnce(ctx context.Context) (int, error) {
 }
 
 // claim moves up to limit due PENDING rows to SENDING under fresh claims.
+// A row waits while an older version of its payment is still PENDING or
+// SENDING (rule 5): the reversal's SMS is not sent before the credit's,
+// even when the credit's is backing off or in another sender's hands. A
+// SENT or FAILED row never reopens, so a claim that saw the older row
+// open cannot race past it.
 func (s *Sender) claim(ctx context.Context, limit int) ([]row, error) {
 	rows, err := s.pool.Query(ctx, `
 		UPDATE notifications SET status = 'SENDING', attempts = attempts + 1,
 		       claim_id = gen_random_uuid(), sending_since = now(), updated_at = now()
 		WHERE id IN (
-			SELECT id FROM notifications
+			SELECT id FROM notifications n
 			WHERE status = 'PENDING' AND next_attempt_at <= now()
+			  AND NOT EXISTS (
+				SELECT 1 FROM notifications older
+				WHERE older.aggregate_id = n.aggregate_id AND older.aggregate_version < n.aggregate_version
+				  AND older.status IN ('PENDING', 'SENDING'))
 			ORDER BY next_attempt_at, id
 			LIMIT $1
 			FOR UPDATE SKIP LOCKED)
