@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 )
 
@@ -78,11 +79,20 @@ type Detail struct {
 	RequestID string `json:"request_id,omitempty"`
 }
 
-// WriteJSON writes v as a JSON response with status.
+// WriteJSON writes v as a JSON response with status. v is encoded before
+// the status is written: a value that cannot be encoded (a time past
+// year 9999, say) is answered 500 "internal", and logged, instead of the
+// status with an empty body.
 func WriteJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		slog.Error("response body cannot be encoded as JSON", "status", status, "error", err)
+		status = http.StatusInternalServerError
+		body, _ = json.Marshal(Body{Detail{Code: "internal", Message: "internal error"}})
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(append(body, '\n'))
 }
 
 // Write writes a Body with status.

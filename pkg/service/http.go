@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/effectively-once/payments-cashback/pkg/errs"
+	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -226,4 +228,16 @@ func InternalError(w http.ResponseWriter, r *http.Request, log *slog.Logger, msg
 	log.ErrorContext(r.Context(), msg, "error", err) // the handler adds request_id
 	WriteJSON(w, http.StatusInternalServerError, ErrorBody{Error: ErrorDetail{Code: "internal",
 		Message: "internal error; quote the request id to the operator", RequestID: id}})
+}
+
+// IDParam is the path parameter name as the client meant it, unescaped
+// (chi matches routes on the escaped path, so a client that writes '@' as
+// %40 would otherwise be handed "%40"), or "" when it is not a valid id
+// (events.ValidID): a handler answers "" with its 404 without a query.
+func IDParam(r *http.Request, name string) string {
+	id, err := url.PathUnescape(chi.URLParam(r, name))
+	if err != nil || !events.ValidID(id) {
+		return ""
+	}
+	return id
 }

@@ -203,12 +203,7 @@ func (s *Server) Resume(ctx context.Context, a *httpidem.Attempt, request []byte
 // paymentID is the request's {id}, or "" when it cannot name a payment:
 // one outside the id allowlist (events.ValidID), such as a NUL, bytes that
 // are not UTF-8 or a bidi override, is answered 404 without a query.
-func paymentID(r *http.Request) string {
-	if id := chi.URLParam(r, "id"); events.ValidID(id) {
-		return id
-	}
-	return ""
-}
+func paymentID(r *http.Request) string { return service.IDParam(r, "id") }
 
 func notFound(w http.ResponseWriter) {
 	service.WriteError(w, http.StatusNotFound, "payment_not_found", "id", "no payment with this id")

@@ -72,8 +72,8 @@ func (s *Server) Routes(r chi.Router) {
 }
 
 func (s *Server) wallet(w http.ResponseWriter, r *http.Request) {
-	userID := chi.URLParam(r, "user_id")
-	if !events.ValidID(userID) {
+	userID := service.IDParam(r, "user_id")
+	if userID == "" {
 		// No payment can carry such a user id (payments refuses it, and
 		// so does every consumer), so no wallet has it: answered without
 		// a query, and without repeating it.
@@ -141,6 +141,8 @@ func (s *Server) addRate(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, cashback.ErrRetroactiveRate):
 		service.WriteError(w, http.StatusUnprocessableEntity, "retroactive_rate", "effective_from",
 			fmt.Sprintf("effective_from must be at least %v from now (REWARDS_RATE_MIN_LEAD), so no payment already made sees its rate change", s.rules.MinLead))
+	case errors.Is(err, cashback.ErrRateTooLate):
+		service.WriteError(w, http.StatusUnprocessableEntity, "invalid", "effective_from", "effective_from must be before the year 10000 in UTC")
 	case errors.Is(err, cashback.ErrRateExists):
 		service.WriteError(w, http.StatusConflict, "rate_exists", "effective_from", "a rate already takes effect at that time")
 	case err != nil:

@@ -15,12 +15,24 @@ import (
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 	"github.com/effectively-once/payments-cashback/services/rewards/api"
+	"github.com/effectively-once/payments-cashback/services/rewards/app"
 	"github.com/effectively-once/payments-cashback/services/rewards/cashback"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 const adminKey = "rewards-admin-0123456789abcdef0123456"
+
+// newAPI is the API on a migrated database, with adminKey holding read
+// and admin, its pool and its log.
+func newAPI(t *testing.T) (http.Handler, *pgxpool.Pool, *testenv.Buffer) {
+	t.Helper()
+	pool := testenv.DB(t)
+	if err := app.Migrate(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	return routes(t, pool)
+}
 
 // closedPoolAPI is the API on a pool closed under it (any query fails),
 // with adminKey holding read and admin, and its log.
@@ -30,6 +42,13 @@ func closedPoolAPI(t *testing.T) (http.Handler, *testenv.Buffer) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r, _, logs := routes(t, pool)
+	pool.Close()
+	return r, logs
+}
+
+func routes(t *testing.T, pool *pgxpool.Pool) (http.Handler, *pgxpool.Pool, *testenv.Buffer) {
+	t.Helper()
 	logs := &testenv.Buffer{}
 	log := slog.New(service.NewContextHandler(logs, slog.LevelInfo))
 	keys, err := service.ParseAPIKeys("ops/read+admin:"+adminKey, service.RoleRead)
@@ -43,8 +62,16 @@ func closedPoolAPI(t *testing.T) (http.Handler, *testenv.Buffer) {
 	}
 	r := service.NewRouter(log, nil, nil)
 	srv.Routes(r)
-	pool.Close()
-	return r, logs
+	return r, pool, logs
+}
+
+// call makes one request as adminKey and returns the status and body.
+func call(r http.Handler, method, path, body string) (int, string) {
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	w := httptest.NewRecorder()
+	r.ServeHTTP(w, req)
+	return w.Code, w.Body.String()
 }
 
 // A route whose database fails answers 500 "internal" with the request id
@@ -68,13 +95,7 @@ func TestA500BodyHoldsTheRequestIDAndNoErrorText(t *testing.T) {
 // query.
 func TestAUserIDThatCannotExistIsNotFoundWithoutAskingTheDatabase(t *testing.T) {
 	r, logs := closedPoolAPI(t)
-	get := func(path string) (int, string) {
-		req := httptest.NewRequest(http.MethodGet, path, nil)
-		req.Header.Set("Authorization", "Bearer "+adminKey)
-		w := httptest.NewRecorder()
-		r.ServeHTTP(w, req)
-		return w.Code, w.Body.String()
-	}
+	get := func(path string) (int, string) { return call(r, http.MethodGet, path, "") }
 	long := strings.Repeat("u", 3000)
 	for _, id := range []string{"%00", "%FF", "u_17%E2%80%AE", "u%E2%80%8B17", "u_17%20", long} {
 		code, body := get("/v1/wallets/" + id)
@@ -91,5 +112,45 @@ func TestAUserIDThatCannotExistIsNotFoundWithoutAskingTheDatabase(t *testing.T) 
 	}
 	if strings.Contains(logs.String(), `"level":"ERROR"`) {
 		t.Errorf("a user id that cannot exist reached the database:\n%.2000s", logs.String())
+	}
+}
+
+// A user id with a character a client's URL encoder escapes ('@', ':') is
+// the same wallet escaped or not: chi hands the handler the raw, still
+// escaped path segment, which the id allowlist refused (404).
+func TestAWalletAskedForWithItsUserIDPercentEncodedIsTheSameWallet(t *testing.T) {
+	r, pool, _ := newAPI(t)
+	if _, err := pool.Exec(context.Background(), `INSERT INTO wallets (user_id, balance_paise) VALUES ('alice@example', 2400)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/v1/wallets/alice@example", "/v1/wallets/alice%40example", "/v1/wallets/%61lice%40example"} {
+		code, body := call(r, http.MethodGet, path, "")
+		var w struct {
+			UserID  string `json:"user_id"`
+			Balance int64  `json:"balance_paise"`
+		}
+		if err := json.Unmarshal([]byte(body), &w); code != http.StatusOK || err != nil || w.UserID != "alice@example" || w.Balance != 2400 {
+			t.Errorf("GET %s: %d %s, want 200 alice@example's 2400 paise", path, code, body)
+		}
+	}
+}
+
+// An effective_from that parses but is past year 9999 in UTC
+// (9999-12-31T23:59:59-01:00) cannot be written back as JSON: stored, it
+// made POST a 201 with no body and every later GET of the rates a 200
+// with no body. It is refused, and the rates still list.
+func TestARateStartingAfterYear9999IsRefusedAndTheRatesStillList(t *testing.T) {
+	r, _, _ := newAPI(t)
+	code, body := call(r, http.MethodPost, "/v1/cashback-rates", `{"rate_bp":300,"effective_from":"9999-12-31T23:59:59-01:00"}`)
+	var b service.ErrorBody
+	if err := json.Unmarshal([]byte(body), &b); code != http.StatusUnprocessableEntity || err != nil || b.Error.Field != "effective_from" {
+		t.Errorf("POST a rate in year 10000: %d %s, want 422 on effective_from", code, body)
+	}
+	code, body = call(r, http.MethodGet, "/v1/cashback-rates", "")
+	var rates struct {
+		Rates []cashback.Rate `json:"rates"`
+	}
+	if err := json.Unmarshal([]byte(body), &rates); code != http.StatusOK || err != nil || len(rates.Rates) != 1 {
+		t.Errorf("GET the rates: %d %q, want 200 and the seeded rate alone", code, body)
 	}
 }

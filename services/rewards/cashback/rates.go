@@ -54,6 +54,11 @@ func Rates(ctx context.Context, pool *pgxpool.Pool) ([]Rate, error) {
 // RateRules.MinLead from now.
 var ErrRetroactiveRate = errors.New("cashback: a new rate must take effect in the future, at least the minimum lead from now")
 
+// ErrRateTooLate is returned by AddRate for an effective_from past the end
+// of year 9999 UTC: PostgreSQL would store it, but no JSON or RFC 3339
+// answer can carry it back, so it would break every listing of the rates.
+var ErrRateTooLate = errors.New("cashback: effective_from is past the end of year 9999 UTC")
+
 // ErrRateExists: a rate already starts at that instant.
 var ErrRateExists = errors.New("cashback: a rate already takes effect at that time")
 
@@ -102,7 +107,8 @@ const (
 // the one in force just before c.EffectiveFrom. It refuses a rate above
 // rules.MaxBP (ErrRateAboveCeiling) and one starting less than
 // rules.MinLead from now (ErrRetroactiveRate), so no event that already
-// happened can ever see its rate change.
+// happened can ever see its rate change, and one past year 9999 UTC
+// (ErrRateTooLate).
 func AddRate(ctx context.Context, pool *pgxpool.Pool, c RateChange, rules RateRules) (added Rate, previousBP int, err error) {
 	if err := rules.Validate(); err != nil {
 		return Rate{}, 0, fmt.Errorf("cashback: %w", err)
@@ -111,6 +117,9 @@ func AddRate(ctx context.Context, pool *pgxpool.Pool, c RateChange, rules RateRu
 		return Rate{}, 0, fmt.Errorf("%w: rate_bp must be within 0..%d", ErrRateAboveCeiling, rules.MaxBP)
 	}
 	from := c.EffectiveFrom
+	if from != nil && from.UTC().Year() > 9999 {
+		return Rate{}, 0, ErrRateTooLate
+	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, `INSERT INTO cashback_rates (effective_from, rate_bp, created_by)
 			SELECT coalesce($1, now() + $4 * interval '1 microsecond'), $2, $3
