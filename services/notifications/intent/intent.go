@@ -25,7 +25,8 @@ import (
 // has already been notified at its version or a later one, such as a
 // CashbackCredited that arrives after its CashbackReversed was applied
 // (the inbox applies such a late row; telling the customer "it is in your
-// wallet" then would be false). The version is recorded in tx, so a
+// wallet" then would be false), nor for a cashback of 0 paise, whose
+// version is still recorded (compose.Intent.NoSMS). The version is recorded in tx, so a
 // rolled-back intent leaves no trace of it. The intent row keeps its
 // payment and version too: the sender sends a payment's SMS in version
 // order.
@@ -42,6 +43,11 @@ func Record(ctx context.Context, tx pgx.Tx, e events.Envelope) (recorded bool, e
 	}
 	if tag.RowsAffected() == 0 {
 		slog.InfoContext(ctx, "no SMS: its payment was already notified at this version or a later one",
+			"event_id", e.EventID, "event_type", e.EventType, "payment_id", e.AggregateID, "version", e.AggregateVersion)
+		return false, nil
+	}
+	if in.NoSMS != "" {
+		slog.InfoContext(ctx, "no SMS: "+in.NoSMS,
 			"event_id", e.EventID, "event_type", e.EventType, "payment_id", e.AggregateID, "version", e.AggregateVersion)
 		return false, nil
 	}

@@ -103,3 +103,34 @@ func TestOnePassClaimsOnlyTheOldestOpenSMSOfAPayment(t *testing.T) {
 	}
 	wantCreditThenReversal(t, got)
 }
+
+// A cashback of 0 paise records no intent, so nothing is sent; its version
+// is still recorded, so a copy of an older event stays refused.
+func TestACashbackOfZeroPaiseRecordsNoSMSButItsVersion(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	ev, err := events.New(contract.CashbackCredited, "pay_zero", 2, map[string]any{
+		"payment_id": "pay_zero", "user_id": "u_1", "amount_paise": 0, "rate_bp": 0, "recipient": "+919800000099"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if ok, err := intent.Record(ctx, tx, ev); err != nil || ok {
+		t.Fatalf("Record of a 0-paise credit: recorded %v, %v; want false, nil", ok, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var rows, version int
+	if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM notifications),
+		(SELECT coalesce(max(version), 0) FROM notification_versions WHERE aggregate_id = 'pay_zero')`).Scan(&rows, &version); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 0 || version != 2 {
+		t.Fatalf("%d notification rows and version %d recorded; want none and 2", rows, version)
+	}
+}

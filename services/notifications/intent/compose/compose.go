@@ -37,7 +37,7 @@ func Key(eventID uuid.UUID) string { return "sms:" + eventID.String() }
 type cashbackPayload struct {
 	PaymentID   string `json:"payment_id"`
 	UserID      string `json:"user_id"`
-	AmountPaise int64  `json:"amount_paise"`
+	AmountPaise *int64 `json:"amount_paise"`
 	Recipient   string `json:"recipient"`
 }
 
@@ -48,10 +48,16 @@ type Intent struct {
 	Kind      string
 	Recipient string
 	Body      string
+	// NoSMS, when set, says why the event asks for no SMS (nothing was
+	// credited or reversed: 0 paise); Body is then empty.
+	NoSMS string
 }
 
 // Build derives the SMS intent of an event. Unknown event types and
-// unusable payloads are permanent errors.
+// unusable payloads (no amount_paise among them) are permanent errors. A
+// cashback of 0 paise, such as every credit while the rate is 0, is no
+// error but asks for no SMS (Intent.NoSMS): "You got ₹0.00 cashback"
+// tells the customer nothing.
 func Build(e events.Envelope) (Intent, error) {
 	var p cashbackPayload
 	if err := json.Unmarshal(e.Payload, &p); err != nil {
@@ -74,21 +80,28 @@ func Build(e events.Envelope) (Intent, error) {
 	if !events.ValidID(p.PaymentID) {
 		return Intent{}, errs.Permanent(fmt.Errorf("%s payload: payment_id is not an id", e.EventType))
 	}
-	if p.AmountPaise < 0 {
+	if p.AmountPaise == nil {
+		return Intent{}, errs.Permanent(fmt.Errorf("%s payload: no amount_paise", e.EventType))
+	}
+	amount := *p.AmountPaise
+	if amount < 0 {
 		// Credits and reversals carry magnitudes: a negative one is a
 		// producer's bug, not an SMS to send.
-		return Intent{}, errs.Permanent(fmt.Errorf("%s payload: amount_paise %d is negative", e.EventType, p.AmountPaise))
+		return Intent{}, errs.Permanent(fmt.Errorf("%s payload: amount_paise %d is negative", e.EventType, amount))
 	}
 	in := Intent{EventID: e.EventID, EventType: e.EventType, Recipient: to}
 	switch e.EventType {
 	case contract.CashbackCredited:
 		in.Kind = KindCashback
-		in.Body = fmt.Sprintf("You got %s cashback on payment %s. It is in your wallet.", Rupees(p.AmountPaise), p.PaymentID)
+		in.Body = fmt.Sprintf("You got %s cashback on payment %s. It is in your wallet.", Rupees(amount), p.PaymentID)
 	case contract.CashbackReversed:
 		in.Kind = KindCashbackReversed
-		in.Body = fmt.Sprintf("The %s cashback on payment %s was reversed: the payment was refunded.", Rupees(p.AmountPaise), p.PaymentID)
+		in.Body = fmt.Sprintf("The %s cashback on payment %s was reversed: the payment was refunded.", Rupees(amount), p.PaymentID)
 	default:
 		return Intent{}, errs.Permanent(fmt.Errorf("notifications does not handle event type %q", e.EventType))
+	}
+	if amount == 0 {
+		in.Body, in.NoSMS = "", "nothing was credited or reversed: 0 paise"
 	}
 	return in, nil
 }

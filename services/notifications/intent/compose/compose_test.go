@@ -31,9 +31,24 @@ func TestBuild(t *testing.T) {
 	for _, bad := range []events.Envelope{
 		must(events.New(contract.PaymentSucceeded, "pay_42", 1, map[string]any{"user_id": "u_17"})),
 		must(events.New(contract.CashbackCredited, "pay_42", 1, map[string]any{"amount_paise": 2400})),
+		must(events.New(contract.CashbackCredited, "pay_42", 1, map[string]any{"user_id": "u_17"})),
+		must(events.New(contract.CashbackCredited, "pay_42", 1, map[string]any{"user_id": "u_17", "amount_paise": nil})),
 	} {
 		if _, err := Build(bad); !errs.IsPermanent(err) {
 			t.Errorf("Build(%s %s) = %v, want a permanent error", bad.EventType, bad.Payload, err)
+		}
+	}
+}
+
+// A credit or reversal of 0 paise (a payment under 50 paise at 2%, or
+// every payment while the rate is 0) asks for no SMS: "You got ₹0.00
+// cashback. It is in your wallet." tells the customer nothing true.
+func TestACashbackOfZeroPaiseAsksForNoSMS(t *testing.T) {
+	for _, typ := range []string{contract.CashbackCredited, contract.CashbackReversed} {
+		e := must(events.New(typ, "pay_42", 1, map[string]any{"payment_id": "pay_42", "user_id": "u_17", "amount_paise": 0}))
+		in, err := Build(e)
+		if err != nil || in.NoSMS == "" || in.Body != "" {
+			t.Errorf("Build(%s of 0 paise) = %+v, %v; want no SMS and a reason", typ, in, err)
 		}
 	}
 }

@@ -45,17 +45,23 @@ func FuzzBuild(f *testing.F) {
 			}
 			return
 		}
-		if in.Recipient == "" || in.Body == "" || in.EventID != id || (in.Kind != KindCashback && in.Kind != KindCashbackReversed) {
+		if in.Recipient == "" || (in.Body == "") == (in.NoSMS == "") || in.EventID != id || (in.Kind != KindCashback && in.Kind != KindCashbackReversed) {
 			t.Fatalf("unusable intent %+v from %q", in, payload)
 		}
 		var p struct {
-			AmountPaise int64 `json:"amount_paise"`
+			AmountPaise *int64 `json:"amount_paise"`
 		}
 		if err := json.Unmarshal(payload, &p); err != nil {
 			t.Fatalf("Build accepted %q, which does not decode: %v", payload, err)
 		}
-		if p.AmountPaise < 0 {
-			t.Fatalf("Build accepted the negative amount %d: %q", p.AmountPaise, in.Body)
+		if p.AmountPaise == nil || *p.AmountPaise < 0 {
+			t.Fatalf("Build accepted a missing or negative amount: %q from %q", in.Body, payload)
+		}
+		if (*p.AmountPaise == 0) != (in.NoSMS != "") {
+			t.Fatalf("Build of %q: NoSMS %q; want it exactly for 0 paise", payload, in.NoSMS)
+		}
+		if in.NoSMS != "" {
+			return
 		}
 		m := statedAmount.FindStringSubmatch(in.Body)
 		if m == nil {
@@ -63,8 +69,8 @@ func FuzzBuild(f *testing.F) {
 		}
 		whole, err := strconv.ParseInt(strings.ReplaceAll(m[1], ",", ""), 10, 64)
 		frac, _ := strconv.ParseInt(m[2], 10, 64)
-		if err != nil || whole != p.AmountPaise/100 || frac != p.AmountPaise%100 {
-			t.Fatalf("SMS body %q states %s.%s rupees, want the credit of %d paise", in.Body, m[1], m[2], p.AmountPaise)
+		if err != nil || whole != *p.AmountPaise/100 || frac != *p.AmountPaise%100 {
+			t.Fatalf("SMS body %q states %s.%s rupees, want the credit of %d paise", in.Body, m[1], m[2], *p.AmountPaise)
 		}
 	})
 }
