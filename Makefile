@@ -40,6 +40,10 @@ down:
 SQS_PKGS      = ./pkg/sqstransport/ ./pkg/idempotent/inboxsqs/
 E2E_QUEUE_RUN = ^(TestRelayKilledAfterPublish|TestDeadLetteredCopyRedriven|TestPoisonMessagesAreParked|TestHostileMessagesAreParked|TestCopyOlderThanTheDedupeWindow|TestCopiesInjectedWithTheAWSCLI)
 test: deps
+	@case ' $(TEST_FLAGS) ' in *' -race '*) [ "$$($(GO) env CGO_ENABLED)" = 1 ] || { \
+		echo "make test: TEST_FLAGS has -race, which needs cgo and a C compiler, and '$$($(GO) env CC)' is not one here:" >&2; \
+		echo "  install gcc (Debian/Ubuntu: apt-get install gcc), or test without the race detector: make test TEST_FLAGS='-count=1 -parallel 8'" >&2; \
+		exit 2; } ;; esac
 	WITH_MOTO=true GO='$(GO)' PKGS='$(PKGS)' TEST_FLAGS='$(TEST_FLAGS)' E2E_FLAGS='$(E2E_FLAGS)' \
 		SQS_PKGS='$(SQS_PKGS)' E2E_QUEUE_RUN='$(E2E_QUEUE_RUN)' $(STACK) with scripts/test.sh
 

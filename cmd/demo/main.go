@@ -18,6 +18,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -43,13 +44,14 @@ import (
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 	"github.com/effectively-once/payments-cashback/services/contract"
+	"github.com/effectively-once/payments-cashback/services/rewards/cashback/terms"
 )
 
 // The story of docs/design.md ("The story").
 const (
 	userID        = "u_17"
 	amountPaise   = 120000 // ₹1,200
-	cashbackPaise = 2400   // 2%
+	storyRateBP   = 200    // 2%, as migrations seed it
 	resends       = 2
 	paymentsQueue = "payments-events"
 	rewardsQueue  = "rewards-events"
@@ -159,6 +161,7 @@ type result struct {
 	dedupeRows            int
 	credits               int
 	creditPaise, rateBP   int64
+	rateInForce           int64 // bp, read just before the payment
 	balanceBefore         int64
 	balance, creditsSum   int64
 	walletCredits         int
@@ -182,6 +185,14 @@ func (d *demo) story(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 	r.balanceBefore = w.BalancePaise
+	// The rate can have been changed by hand (README, "Trying it by
+	// hand"), and the data outlives the stack: the cashback wanted is the
+	// rate in force's, named in the table when it is not the story's.
+	rate, err := rateInForce(ctx, rewards)
+	if err != nil {
+		return nil, err
+	}
+	r.rateInForce = rate
 
 	// 1. The payment.
 	var p payment
@@ -353,6 +364,11 @@ func (r *result) print(w io.Writer) {
 	row("SMS delivered", fmt.Sprintf("%d (key %s, %s)", r.providerDeliveries, r.providerKey, plural(r.providerRequests, "send request")), "SMS provider")
 	tw.Flush()
 	fmt.Fprintf(w, "\n  the SMS: %q\n", r.smsBody)
+	if r.rateInForce != storyRateBP {
+		fmt.Fprintf(w, "  the rate in force is %s, not the story's %s: a rate change made by hand outlives the stack\n"+
+			"  (POST {\"rate_bp\":%d} to /v1/cashback-rates puts it back, `make clean` starts the data afresh)\n",
+			pct(r.rateInForce), pct(storyRateBP), storyRateBP)
+	}
 }
 
 // check lists what differs from the story.
@@ -368,9 +384,12 @@ func (r *result) check() []string {
 	want(r.applied == 1, "rewards applied the event %d times, want 1", r.applied)
 	want(r.dedupeRows == 1, "%d processed_messages rows for the event, want 1", r.dedupeRows)
 	want(r.credits == 1, "%d cashback credits for %s, want 1", r.credits, r.paymentID)
-	want(r.creditPaise == cashbackPaise, "cashback %s, want %s", inr(r.creditPaise), inr(cashbackPaise))
+	cashback, err := terms.Amount(amountPaise, int(r.rateInForce))
+	want(err == nil, "the rate in force, %d bp, gives no cashback: %v", r.rateInForce, err)
+	want(r.rateBP == r.rateInForce, "credited at %s, but %s was in force", pct(r.rateBP), pct(r.rateInForce))
+	want(r.creditPaise == cashback, "cashback %s, want %s", inr(r.creditPaise), inr(cashback))
 	want(r.balance == r.creditsSum, "wallet balance %s but its credits add up to %s", inr(r.balance), inr(r.creditsSum))
-	want(r.balance-r.balanceBefore == cashbackPaise, "the wallet moved by %s during the story, want +%s", inr(r.balance-r.balanceBefore), inr(cashbackPaise))
+	want(r.balance-r.balanceBefore == cashback, "the wallet moved by %s during the story, want +%s", inr(r.balance-r.balanceBefore), inr(cashback))
 	want(r.smsRows == 1 && r.smsStatus == "SENT", "%d notifications (%s) for the cashback event, want 1 SENT", r.smsRows, r.smsStatus)
 	want(r.providerDeliveries == 1, "the SMS provider delivered %d messages under %s, want 1", r.providerDeliveries, r.providerKey)
 	return bad
@@ -456,6 +475,31 @@ func eventOutcomes(path string, event uuid.UUID) (applied, duplicates int64, err
 
 // allCredits reads every page of a wallet (GET url, next_before) and
 // returns the credits and the balance.
+// rateInForce is the cashback rate (bp) in force now, by this clock, from
+// rewards' rate history.
+func rateInForce(ctx context.Context, rewards string) (int64, error) {
+	var list struct {
+		Rates []struct {
+			EffectiveFrom time.Time `json:"effective_from"`
+			RateBP        int64     `json:"rate_bp"`
+		} `json:"rates"`
+	}
+	if _, err := getJSON(ctx, rewards+"/v1/cashback-rates", &list); err != nil {
+		return 0, err
+	}
+	var at time.Time
+	bp := int64(-1)
+	for _, x := range list.Rates {
+		if !x.EffectiveFrom.After(time.Now()) && (bp < 0 || x.EffectiveFrom.After(at)) {
+			at, bp = x.EffectiveFrom, x.RateBP
+		}
+	}
+	if bp < 0 {
+		return 0, errors.New("rewards has no cashback rate in force")
+	}
+	return bp, nil
+}
+
 func allCredits(ctx context.Context, url string) ([]credit, int64, error) {
 	var all []credit
 	var balance int64

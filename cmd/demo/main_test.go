@@ -45,7 +45,7 @@ func TestEventOutcomesCountOnlyThisEventsLines(t *testing.T) {
 }
 
 func TestCheck(t *testing.T) {
-	good := result{status: "SUCCEEDED", delivered: 3, applied: 1, dedupeRows: 1, credits: 1, creditPaise: 2400,
+	good := result{status: "SUCCEEDED", delivered: 3, applied: 1, dedupeRows: 1, credits: 1, creditPaise: 2400, rateBP: 200, rateInForce: 200,
 		balanceBefore: 4800, balance: 7200, creditsSum: 7200, smsRows: 1, smsStatus: "SENT", providerDeliveries: 1}
 	if p := good.check(); len(p) != 0 {
 		t.Fatalf("check of the story = %v, want nothing wrong", p)
@@ -54,5 +54,16 @@ func TestCheck(t *testing.T) {
 	bad.credits, bad.applied, bad.balance = 2, 2, 9600
 	if p := bad.check(); len(p) != 4 {
 		t.Fatalf("check of a double credit = %q, want 4 problems (applied, credits, balance vs credits, wallet delta)", p)
+	}
+	// A rate of 3% changed by hand before the story: 3% of ₹1,200 is right.
+	byHand := good
+	byHand.rateInForce, byHand.rateBP, byHand.creditPaise, byHand.balance, byHand.creditsSum = 300, 300, 3600, 8400, 8400
+	if p := byHand.check(); len(p) != 0 {
+		t.Fatalf("check of the story at 3%% = %v, want nothing wrong", p)
+	}
+	stale := good
+	stale.rateInForce = 300
+	if p := stale.check(); len(p) != 3 {
+		t.Fatalf("check of a 2%% credit while 3%% was in force = %q, want 3 problems (rate, cashback, wallet delta)", p)
 	}
 }
