@@ -47,7 +47,7 @@ func TestInboxCleanupAndReceiveOnSkewedClocksApplyOnce(t *testing.T) {
 	}
 	defer m.Close()
 	if _, err := m.RunOnce(ctx); err != nil {
-		t.Logf("maintainer: %v", err)
+		t.Fatalf("maintainer: %v", err)
 	}
 	replica := newInbox(t, pool, "notifications", idempotent.InboxConfig{Now: func() time.Time { return edge.Add(-time.Minute) }})
 	stored, err := replica.Receive(ctx, e, idempotent.ByAggregate(e))
@@ -110,7 +110,7 @@ func TestPartitionDropAndALaggingReplicasMigrateApplyOnce(t *testing.T) {
 	}
 	defer m.Close()
 	if _, err := m.RunOnce(ctx); err != nil {
-		t.Logf("maintainer: %v", err)
+		t.Fatalf("maintainer: %v", err)
 	}
 	if _, err := idempotent.EnsurePartitionsAt(ctx, pool, replicaNow, r, idempotent.DefaultPartitionsAhead); err != nil {
 		t.Fatal(err)

@@ -637,7 +637,11 @@ func TestConcurrentRefundsWithDifferentKeysRefundOnce(t *testing.T) {
 	}
 	// Every Stripe refund call, whichever API key it served, carried the
 	// one key of this payment's refund: Stripe makes one refund of them.
-	for _, c := range e.stripe.callsTo(refundsPath) {
+	calls := e.stripe.callsTo(refundsPath)
+	if len(calls) == 0 {
+		t.Errorf("no Stripe refund call, want at least one")
+	}
+	for _, c := range calls {
 		if c.Key != "refund:"+p.ID {
 			t.Errorf("stripe refund with key %q, want refund:%s", c.Key, p.ID)
 		}
