@@ -59,6 +59,15 @@ type Intent struct {
 // error but asks for no SMS (Intent.NoSMS): "You got ₹0.00 cashback"
 // tells the customer nothing.
 func Build(e events.Envelope) (Intent, error) {
+	var kind string
+	switch e.EventType {
+	case contract.CashbackCredited:
+		kind = KindCashback
+	case contract.CashbackReversed:
+		kind = KindCashbackReversed
+	default:
+		return Intent{}, errs.Permanent(fmt.Errorf("notifications does not handle event type %q", e.EventType))
+	}
 	var p cashbackPayload
 	if err := json.Unmarshal(e.Payload, &p); err != nil {
 		return Intent{}, errs.Permanent(fmt.Errorf("%s payload: %w", e.EventType, err))
@@ -89,16 +98,11 @@ func Build(e events.Envelope) (Intent, error) {
 		// producer's bug, not an SMS to send.
 		return Intent{}, errs.Permanent(fmt.Errorf("%s payload: amount_paise %d is negative", e.EventType, amount))
 	}
-	in := Intent{EventID: e.EventID, EventType: e.EventType, Recipient: to}
-	switch e.EventType {
-	case contract.CashbackCredited:
-		in.Kind = KindCashback
+	in := Intent{EventID: e.EventID, EventType: e.EventType, Kind: kind, Recipient: to}
+	if kind == KindCashback {
 		in.Body = fmt.Sprintf("You got %s cashback on payment %s. It is in your wallet.", Rupees(amount), p.PaymentID)
-	case contract.CashbackReversed:
-		in.Kind = KindCashbackReversed
+	} else {
 		in.Body = fmt.Sprintf("The %s cashback on payment %s was reversed: the payment was refunded.", Rupees(amount), p.PaymentID)
-	default:
-		return Intent{}, errs.Permanent(fmt.Errorf("notifications does not handle event type %q", e.EventType))
 	}
 	if amount == 0 {
 		in.Body, in.NoSMS = "", "nothing was credited or reversed: 0 paise"
