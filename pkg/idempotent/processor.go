@@ -76,9 +76,12 @@ type ProcessorConfig struct {
 	ShutdownGrace time.Duration
 	// HandlerTimeout is each row's handler deadline [30s]. Past it the
 	// handler's context is cancelled: its writes roll back to the row's
-	// savepoint (or with the whole batch, if the cancel broke the
-	// connection), the row is retried by backoff like any failure, and the
-	// timeout is counted (inbox_handler_timeouts_total). Without it a hung
+	// savepoint, the row is retried by backoff like any failure, and the
+	// timeout is counted (inbox_handler_timeouts_total). A cancel in the
+	// middle of a statement (a lock wait, a slow query) closes the
+	// connection, and the batch's transaction is lost with it: then only
+	// the row that hung is charged the attempt, and the others run again
+	// at once. Without it a hung
 	// handler would hold its worker, its connection and its key for good.
 	HandlerTimeout time.Duration
 	// Pool is where the apply transactions run [the Inbox's pool]. Each
@@ -545,6 +548,12 @@ func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
 		}
 		herr, err := p.applyRow(ctx, tx, r)
 		if err != nil {
+			if herr != nil && ctx.Err() == nil { // not a shutdown's cancel: the handler's doing
+				// Rolled back first: a transaction still open would hold
+				// the rows' locks against the fresh connection.
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				p.chargeOnly(ctx, claimed, owned, r, herr)
+			}
 			return err
 		}
 		results = append(results, result{row: r, err: herr})
@@ -588,6 +597,44 @@ func (p *Processor) applyRow(ctx context.Context, tx pgx.Tx, r *claimedRow) (her
 			return herr, nil
 		}
 	}
+}
+
+// chargeOnly settles a batch whose transaction the handler of culprit
+// broke (a query cut at its deadline closes the connection): nothing of
+// the batch committed, and without it every row would wait out the
+// claim's backoff with the attempt the claim counted. The culprit keeps
+// its attempt, with herr as its last error (FAILED past MaxAttempts); its
+// batch-mates, which failed for nothing of their own, get their attempt
+// back and are due at once. Best effort on a fresh connection: if it
+// fails too, the rows are as the claim left them. Rows claimed again
+// meanwhile (their attempts moved on) are left to that claim.
+func (p *Processor) chargeOnly(ctx context.Context, claimed []claimedRow, owned map[uuid.UUID]bool, culprit *claimedRow, herr error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	var ids []uuid.UUID
+	var attempts []int32
+	for _, r := range claimed {
+		if owned[r.MessageID] {
+			ids, attempts = append(ids, r.MessageID), append(attempts, int32(r.Attempts))
+		}
+	}
+	_, err := p.cfg.Pool.Exec(ctx, `UPDATE inbox i SET
+		attempts        = CASE WHEN i.message_id = @culprit THEN i.attempts ELSE i.attempts - 1 END,
+		status          = CASE WHEN i.message_id = @culprit AND (@permanent OR i.attempts >= @max_attempts) THEN 'FAILED' ELSE 'PENDING' END,
+		next_attempt_at = CASE WHEN i.message_id = @culprit THEN `+fmt.Sprintf(backoffSQL, "i.attempts")+` ELSE clock_timestamp() END,
+		last_error      = CASE WHEN i.message_id = @culprit THEN @error ELSE i.last_error END
+		FROM unnest(@ids::uuid[], @attempts::int4[]) AS c(id, attempts)
+		WHERE i.consumer = @consumer AND i.message_id = c.id AND i.status = 'PENDING' AND i.attempts = c.attempts`,
+		pgx.NamedArgs{"consumer": p.in.consumer, "culprit": culprit.MessageID, "error": herr.Error(), "permanent": IsPermanent(herr),
+			"ids": pgid.All(ids), "attempts": attempts, "max_attempts": p.cfg.MaxAttempts,
+			"retry_base": p.cfg.RetryBase.Seconds(), "retry_max": p.cfg.RetryMax.Seconds()})
+	if err != nil {
+		p.log.ErrorContext(ctx, "inbox batch lost with its connection; its rows wait out the claim's backoff",
+			"event_id", culprit.MessageID, "handler_error", herr, "error", err)
+		return
+	}
+	p.log.WarnContext(ctx, "inbox handler broke its batch's transaction: the batch is retried, the attempt charged to this row alone",
+		"event_id", culprit.MessageID, "attempt", culprit.Attempts, "error", herr)
 }
 
 // call runs the handler with a span continuing the receive's trace, and

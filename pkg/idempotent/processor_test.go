@@ -154,7 +154,8 @@ func crashChild(t *testing.T, dsn string) {
 
 // A handler whose connection dies (here: it terminates its own backend)
 // never finishes its attempt. Each such attempt still counts, so a message
-// that keeps killing its processor ends FAILED instead of looping forever.
+// that keeps killing its connection ends FAILED instead of looping forever,
+// with what killed it as its last error.
 func TestProcessorLostConnectionsCountAndEndFailed(t *testing.T) {
 	t.Parallel()
 	pool := inboxSetup(t)
@@ -174,8 +175,8 @@ func TestProcessorLostConnectionsCountAndEndFailed(t *testing.T) {
 		RetryBase: 20 * time.Millisecond, PollInterval: 10 * time.Millisecond}, 1)
 	waitFor(t, 10*time.Second, "row FAILED", func() bool { return inboxRow(t, pool, "notifications", e.EventID).Status == "FAILED" })
 	r := inboxRow(t, pool, "notifications", e.EventID)
-	if r.Attempts != 2 || calls.Load() != 2 || r.LastError == nil || !strings.Contains(*r.LastError, "never finished") {
-		t.Fatalf("row %+v after %d calls; want FAILED after 2 attempts, saying the attempt never finished", r, calls.Load())
+	if r.Attempts != 2 || calls.Load() != 2 || r.LastError == nil || !strings.Contains(*r.LastError, "terminating connection") {
+		t.Fatalf("row %+v (%v) after %d calls; want FAILED after 2 attempts, naming the terminated connection", r, r.LastError, calls.Load())
 	}
 	if n := count(t, pool, `SELECT count(*) FROM applied`); n != 0 {
 		t.Fatalf("%d effect rows committed by attempts that never finished", n)
