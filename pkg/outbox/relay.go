@@ -502,10 +502,13 @@ const deleteSQL = `DELETE FROM outbox WHERE id = ANY($1) AND published_at IS NUL
 
 // rescheduleSQL is assembled once, from constants: the retry policy's
 // schedule as SQL over the row's attempts, this failure included, every
-// value a parameter.
+// value a parameter. The backoff runs from clock_timestamp(), the end of
+// the publish: it runs in the claim's transaction, whose now() is when the
+// claim began, and a publish slower than the backoff would leave the row
+// due at once.
 var rescheduleSQL = `
 		UPDATE outbox o SET attempts = o.attempts + 1, claimed_until = NULL, last_error = f.reason,
-		       next_attempt_at = now() + make_interval(secs => ` + retry.SQL("o.attempts + 1", "$4", "$3", "$5") + `)
+		       next_attempt_at = clock_timestamp() + make_interval(secs => ` + retry.SQL("o.attempts + 1", "$4", "$3", "$5") + `)
 		FROM unnest($1::uuid[], $2::text[]) AS f(id, reason)
 		WHERE o.id = f.id AND o.published_at IS NULL`
 

@@ -797,6 +797,29 @@ func TestSlowPublishStillMarksTheAcceptedRowsAndBacksOffTheRest(t *testing.T) {
 	}
 }
 
+// A failed row's backoff runs from when the publish ended, not from when
+// its claim began: after a publish that took longer than RetryBase, a
+// backoff counted from the claim would already be over, and the row sent
+// again by the very next claim.
+func TestAFailedRowsBackoffStartsAfterASlowPublish(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	slow := newEvent(t, 1)
+	addCommitted(t, ctx, pool, slow)
+	pub := &hangingPublisher{hang: slow.EventID}
+	relay := newRelay(t, pool, pub, outbox.RelayConfig{Lease: 4 * time.Second, PublishTimeout: 1500 * time.Millisecond, RetryBase: time.Second})
+	if n, err := relay.RelayOnce(ctx); n != 1 {
+		t.Fatalf("RelayOnce: %d, %v; want the row claimed", n, err)
+	}
+	if s := state(t, pool, slow.EventID); s.Published || s.DueIn < 500*time.Millisecond {
+		t.Fatalf("the row whose publish timed out after 1.5 s: %+v; want due about RetryBase (1 s) from now", s)
+	}
+	if n, _ := relay.RelayOnce(ctx); n != 0 {
+		t.Fatalf("the next claim took %d rows; want none before the backoff", n)
+	}
+}
+
 // The failed rows of a batch are rescheduled even when marking its
 // published rows fails: otherwise they would come back at the end of the
 // lease with no backoff, again and again.
