@@ -139,11 +139,11 @@ func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs [
 		SELECT $1, id, h FROM unnest($2::uuid[], $3::bytea[]) AS k(id, h)
 		ON CONFLICT DO NOTHING RETURNING message_id`, c.name, pgid.All(ids), hashes)
 	if err != nil {
-		return Failed, err
+		return Failed, claimError(err)
 	}
 	inserted, err := pgid.Collect(rows)
 	if err != nil {
-		return Failed, err
+		return Failed, claimError(err)
 	}
 	fresh := make(map[uuid.UUID]bool, len(inserted))
 	for _, id := range inserted {

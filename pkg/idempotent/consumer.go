@@ -28,7 +28,10 @@
 //
 // The key is the envelope's event_id, never the SQS MessageId, which changes
 // on every redrive. The package also holds the inbox (store first, process
-// later) and the retention maintenance of both tables.
+// later) and the retention maintenance of both tables: run a Maintainer
+// beside them. processed_messages is partitioned by day, and Migrate
+// creates only DefaultPartitionsAhead days; without a Maintainer, new
+// messages fail (retryably, naming it) once those days are past.
 package idempotent
 
 import (
@@ -200,7 +203,7 @@ func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outc
 		tag, err := tx.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, payload_hash)
 			VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, c.name, pgid.Of(msg.EventID), msg.Hash)
 		if err != nil {
-			return Failed, err
+			return Failed, claimError(err)
 		}
 		if tag.RowsAffected() == 0 {
 			var hash []byte

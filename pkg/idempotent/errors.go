@@ -2,6 +2,8 @@ package idempotent
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -86,4 +88,17 @@ func isDuplicateObject(err error) bool {
 	var pe *pgconn.PgError
 	// 42P07 duplicate_table; 23505 when two sessions race on the catalog.
 	return errors.As(err, &pe) && (pe.Code == "42P07" || pe.Code == "23505")
+}
+
+// claimError explains a dedupe claim refused for want of a partition for
+// the message's day (check_violation, "no partition of relation"):
+// Migrate creates partitions only a few days ahead, and a running
+// Maintainer the rest. The error stays retryable: once the partition
+// exists, the redelivery applies.
+func claimError(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23514" && strings.Contains(pe.Message, "no partition") {
+		return fmt.Errorf("idempotent: processed_messages has no partition for this message's day: is a Maintainer running (NewMaintainer, then Run)? %w", err)
+	}
+	return err
 }

@@ -57,13 +57,20 @@ func Add(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
 	if err != nil {
 		return err
 	}
-	if _, err = tx.Exec(ctx, addSQL, args...); err != nil {
-		if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "outbox_pkey" {
-			err = fmt.Errorf("%w: %w", ErrDuplicateEvent, err)
-		}
-		return fmt.Errorf("outbox: add %s %s: %w", e.EventType, e.EventID, err)
+	_, err = tx.Exec(ctx, addSQL, args...)
+	return addError(e, err)
+}
+
+// addError names e in a failed insert's error, and marks a duplicate id
+// ErrDuplicateEvent.
+func addError(e events.Envelope, err error) error {
+	if err == nil {
+		return nil
 	}
-	return nil
+	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "outbox_pkey" {
+		err = fmt.Errorf("%w: %w", ErrDuplicateEvent, err)
+	}
+	return fmt.Errorf("outbox: add %s %s: %w", e.EventType, e.EventID, err)
 }
 
 var (
@@ -87,13 +94,18 @@ const MaxMessageBytes = events.MaxBodyBytes
 // transaction that must carry the event (tx.SendBatch), and the event
 // exists exactly when that transaction commits. The statement's result is
 // read in its turn, as every other of b's; a failed insert fails the batch.
+// Read by the batch's Close, its error is Add's (ErrDuplicateEvent for an
+// id already in the outbox); read one by one with Exec, PostgreSQL's own.
 // ctx gives the row its trace context, as for Add.
 func QueueAdd(ctx context.Context, b *pgx.Batch, e events.Envelope) error {
 	args, err := addArgs(ctx, e)
 	if err != nil {
 		return err
 	}
-	b.Queue(addSQL, args...)
+	b.Queue(addSQL, args...).Fn = func(br pgx.BatchResults) error {
+		_, err := br.Exec()
+		return addError(e, err)
+	}
 	return nil
 }
 

@@ -137,6 +137,17 @@ func TestAddOfTheSameEventTwiceIsErrDuplicateEvent(t *testing.T) {
 	if !errors.Is(err, outbox.ErrDuplicateEvent) || !strings.Contains(err.Error(), e.EventID.String()) {
 		t.Fatalf("second Add of %s: %v, want outbox.ErrDuplicateEvent naming the event", e.EventID, err)
 	}
+	// The same through QueueAdd, its batch's results read by Close.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		if err := outbox.QueueAdd(ctx, b, e); err != nil {
+			return err
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if !errors.Is(err, outbox.ErrDuplicateEvent) || !strings.Contains(err.Error(), e.EventID.String()) {
+		t.Fatalf("QueueAdd of %s again: %v, want outbox.ErrDuplicateEvent naming the event", e.EventID, err)
+	}
 	// Any other failure of the insert is not a duplicate.
 	if _, err := pool.Exec(ctx, `ALTER TABLE outbox ADD CONSTRAINT short_type CHECK (length(event_type) < 5) NOT VALID`); err != nil {
 		t.Fatal(err)
