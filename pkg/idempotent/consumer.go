@@ -158,13 +158,7 @@ func (c *Consumer) Handle(ctx context.Context, msg Message, effect Effect) (Outc
 
 // ahead refuses an id minted more than MaxFutureSkew after c's clock, with
 // a permanent error that says by how much.
-func (c *Consumer) ahead(msg Message) error {
-	if skew := events.IDTime(msg.EventID).Sub(c.now()); skew > MaxFutureSkew {
-		return fmt.Errorf("%w: event id %s was minted %v ahead of this consumer's clock, more than the %v tolerated "+
-			"(is the producer's clock ahead?)", ErrAhead, msg.EventID, skew.Round(time.Second), MaxFutureSkew)
-	}
-	return nil
-}
+func (c *Consumer) ahead(msg Message) error { return msg.Ahead(c.now()) }
 
 // refuse is the outcome of a message that must not be tried, if any: an
 // invalid one (ErrInvalidMessage, ErrNilEffect), one older than the window

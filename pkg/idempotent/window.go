@@ -3,6 +3,8 @@ package idempotent
 import (
 	"fmt"
 	"time"
+
+	"github.com/effectively-once/payments-cashback/pkg/events"
 )
 
 // Expired reports whether m is older than the dedupe window retention at
@@ -11,6 +13,31 @@ import (
 // forgotten; stores outside this package use it to draw the same line.
 func (m Message) Expired(now time.Time, retention time.Duration) bool {
 	return beyondWindow(m.EventID, m.OccurredAt, now, retention)
+}
+
+// Ahead refuses, with the permanent ErrAhead and by how much, a Message
+// whose id was minted more than MaxFutureSkew after now: no partition is
+// kept ready for it, and its producer's clock is wrong. Stores outside
+// this package use it to refuse what Consumer refuses.
+func (m Message) Ahead(now time.Time) error {
+	if skew := events.IDTime(m.EventID).Sub(now); skew > MaxFutureSkew {
+		return fmt.Errorf("%w: event id %s was minted %v ahead of this consumer's clock, more than the %v tolerated "+
+			"(is the producer's clock ahead?)", ErrAhead, m.EventID, skew.Round(time.Second), MaxFutureSkew)
+	}
+	return nil
+}
+
+// AcceptedUntil is the last instant a copy of m is inside the dedupe
+// window retention (Expired is false until then): the earlier of its
+// occurred_at and its id's time, plus retention. A store that forgets
+// keys by time must keep m's at least this long, which for an event from
+// a clock ahead is longer than retention from now.
+func (m Message) AcceptedUntil(retention time.Duration) time.Time {
+	at := m.OccurredAt
+	if id := events.IDTime(m.EventID); m.EventID.Version() == 7 && id.Before(at) {
+		at = id
+	}
+	return at.Add(retention)
 }
 
 // Validate refuses, with ErrInvalidMessage and the reason, a Message no

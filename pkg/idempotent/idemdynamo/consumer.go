@@ -93,8 +93,11 @@ type Config struct {
 	Table string
 	// Retention is the dedupe window: older copies are Expired, and each
 	// dedupe item's expires_at is this far, plus idempotent.ClockSkewMargin,
-	// after it was applied (so a replica whose clock lags by less than the
-	// margin never accepts a copy whose item is gone). Defaults to
+	// after it was applied, or after the event's own time when that is later
+	// (an event from a clock ahead: Message.AcceptedUntil), so a replica
+	// whose clock lags by less than the margin never accepts a copy whose
+	// item is gone. An id minted past idempotent.MaxFutureSkew is refused
+	// (ErrAhead), as idempotent.Consumer refuses it. Defaults to
 	// idempotent.DefaultRetention.
 	Retention time.Duration
 	// MaxRetries bounds how often a transaction cancelled only by
@@ -179,6 +182,9 @@ func (c *Consumer) handle(ctx context.Context, msg idempotent.Message, effect Ef
 	if msg.Expired(now, c.cfg.Retention) {
 		return idempotent.Expired, idempotent.ErrExpired
 	}
+	if err := msg.Ahead(now); err != nil {
+		return idempotent.Failed, err
+	}
 	b := retry.Policy{Base: 5 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: 0.5}.BackOff()
 	out, err := backoff.Retry(ctx, func() (idempotent.Outcome, error) {
 		out, err := c.attempt(ctx, msg, effect)
@@ -239,6 +245,12 @@ func (c *Consumer) attempt(ctx context.Context, msg idempotent.Message, effect E
 }
 
 func (c *Consumer) dedupePut(msg idempotent.Message) types.TransactWriteItem {
+	// Kept while any copy is accepted: Retention from now, or longer for
+	// an event from a clock ahead, whose window ends later.
+	expires := c.now().Add(c.cfg.Retention)
+	if until := msg.AcceptedUntil(c.cfg.Retention); until.After(expires) {
+		expires = until
+	}
 	now := c.now()
 	return types.TransactWriteItem{Put: &types.Put{
 		TableName: aws.String(c.cfg.Table),
@@ -247,7 +259,7 @@ func (c *Consumer) dedupePut(msg idempotent.Message) types.TransactWriteItem {
 			AttrEventID:     &types.AttributeValueMemberS{Value: msg.EventID.String()},
 			AttrHash:        &types.AttributeValueMemberB{Value: msg.Hash},
 			AttrProcessedAt: &types.AttributeValueMemberS{Value: now.UTC().Format(time.RFC3339Nano)},
-			AttrExpiresAt:   &types.AttributeValueMemberN{Value: strconv.FormatInt(now.Add(c.cfg.Retention+idempotent.ClockSkewMargin).Unix(), 10)},
+			AttrExpiresAt:   &types.AttributeValueMemberN{Value: strconv.FormatInt(expires.Add(idempotent.ClockSkewMargin).Unix(), 10)},
 		},
 		ConditionExpression:                 aws.String("attribute_not_exists(" + AttrEventID + ")"),
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
