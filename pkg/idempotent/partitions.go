@@ -97,17 +97,24 @@ func ensurePartitionsAt(ctx context.Context, pool *pgxpool.Pool, now time.Time, 
 // long effect transaction and stalling every consumer behind itself (it
 // fails instead, and the next maintenance round tries again).
 func createPartition(ctx context.Context, pool *pgxpool.Pool, name string, d time.Time) error {
+	return partitionDDL(ctx, pool, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF processed_messages FOR VALUES FROM ('%s') TO ('%s')`,
+		pgx.Identifier{name}.Sanitize(), uuidAt(d), uuidAt(d.Add(day))))
+}
+
+// partitionDDL runs sql, which attaches or drops a partition, under a
+// lock_timeout of 5 s unless the session has its own (the Maintainer's):
+// the ACCESS EXCLUSIVE lock it needs queues behind every open transaction
+// that touched processed_messages, and every new insert queues behind it.
+// Failing fast costs a round; waiting would stall the consumers.
+func partitionDDL(ctx context.Context, pool *pgxpool.Pool, sql string) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	// 5 s unless the session already has its own (the Maintainer's).
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '5s', true) WHERE current_setting('lock_timeout') = '0'`); err != nil {
 		return err
 	}
-	sql := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF processed_messages FOR VALUES FROM ('%s') TO ('%s')`,
-		pgx.Identifier{name}.Sanitize(), uuidAt(d), uuidAt(d.Add(day)))
 	if _, err := tx.Exec(ctx, sql); err != nil {
 		return err
 	}
@@ -119,8 +126,10 @@ func createPartition(ctx context.Context, pool *pgxpool.Pool, name string, d tim
 // ClockSkewMargin (so a replica whose clock lags this one's still finds
 // the keys of every copy it accepts, and its EnsurePartitions never
 // recreates a dropped day). Dropping a partition is instant and leaves no
-// dead tuples, unlike a DELETE of the same rows. It returns the names it
-// dropped.
+// dead tuples, unlike a DELETE of the same rows; behind a long transaction
+// on the table it gives up after a lock_timeout (5 s unless the pool's
+// sessions set one) rather than stall every insert queued behind it. It
+// returns the names it dropped.
 func DropExpiredPartitions(ctx context.Context, pool *pgxpool.Pool, retention time.Duration) ([]string, error) {
 	return dropExpiredAt(ctx, pool, time.Now(), retention)
 }
@@ -149,7 +158,7 @@ func dropExpiredAt(ctx context.Context, pool *pgxpool.Pool, now time.Time, reten
 		if err != nil || d.Add(day).After(horizon) {
 			continue
 		}
-		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+		if err := partitionDDL(ctx, pool, "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
 			return dropped, fmt.Errorf("idempotent: drop partition %s: %w", name, err)
 		}
 		dropped = append(dropped, name)
