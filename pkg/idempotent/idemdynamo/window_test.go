@@ -19,7 +19,9 @@ import (
 
 // capture is a DynamoDB that accepts every write and keeps the last
 // dedupe item written.
-type capture struct{ item map[string]types.AttributeValue }
+type capture struct {
+	item map[string]types.AttributeValue
+}
 
 func (c *capture) TransactWriteItems(_ context.Context, in *dynamodb.TransactWriteItemsInput, _ ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
 	c.item = in.TransactItems[0].Put.Item
