@@ -15,9 +15,19 @@ import (
 // recordFor records the intent of a cashback event of version v of pay.
 func (e *env) recordFor(pay, eventType string, v int64) {
 	e.t.Helper()
+	if !e.record(pay, eventType, v, 2400) {
+		e.t.Fatalf("record %s v%d: not recorded", eventType, v)
+	}
+}
+
+// record applies a cashback event of amount paise, version v of pay, to
+// intent.Record in a transaction of its own, and reports whether it
+// recorded an SMS.
+func (e *env) record(pay, eventType string, v, amount int64) bool {
+	e.t.Helper()
 	ctx := context.Background()
 	ev, err := events.New(eventType, pay, v, map[string]any{
-		"payment_id": pay, "user_id": "u_1", "amount_paise": 2400, "rate_bp": 200, "recipient": "+919800000099"})
+		"payment_id": pay, "user_id": "u_1", "amount_paise": amount, "rate_bp": 200, "recipient": "+919800000099"})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -26,12 +36,14 @@ func (e *env) recordFor(pay, eventType string, v int64) {
 		e.t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if ok, err := intent.Record(ctx, tx, ev); err != nil || !ok {
-		e.t.Fatalf("record %s v%d: recorded %v, %v", eventType, v, ok, err)
+	recorded, err := intent.Record(ctx, tx, ev)
+	if err != nil {
+		e.t.Fatalf("record %s v%d: %v", eventType, v, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		e.t.Fatal(err)
 	}
+	return recorded
 }
 
 // bodies are the SMS the provider accepted, in the order it accepted them.
@@ -108,25 +120,11 @@ func TestOnePassClaimsOnlyTheOldestOpenSMSOfAPayment(t *testing.T) {
 // is still recorded, so a copy of an older event stays refused.
 func TestACashbackOfZeroPaiseRecordsNoSMSButItsVersion(t *testing.T) {
 	e := setup(t)
-	ctx := context.Background()
-	ev, err := events.New(contract.CashbackCredited, "pay_zero", 2, map[string]any{
-		"payment_id": "pay_zero", "user_id": "u_1", "amount_paise": 0, "rate_bp": 0, "recipient": "+919800000099"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if ok, err := intent.Record(ctx, tx, ev); err != nil || ok {
-		t.Fatalf("Record of a 0-paise credit: recorded %v, %v; want false, nil", ok, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
+	if e.record("pay_zero", contract.CashbackCredited, 2, 0) {
+		t.Fatalf("Record of a 0-paise credit recorded an SMS; want none")
 	}
 	var rows, version int
-	if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM notifications),
+	if err := e.pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM notifications),
 		(SELECT coalesce(max(version), 0) FROM notification_versions WHERE aggregate_id = 'pay_zero')`).Scan(&rows, &version); err != nil {
 		t.Fatal(err)
 	}
