@@ -245,13 +245,13 @@ func (c *Consumer) attempt(ctx context.Context, msg idempotent.Message, effect E
 }
 
 func (c *Consumer) dedupePut(msg idempotent.Message) types.TransactWriteItem {
+	now := c.now()
 	// Kept while any copy is accepted: Retention from now, or longer for
 	// an event from a clock ahead, whose window ends later.
-	expires := c.now().Add(c.cfg.Retention)
+	expires := now.Add(c.cfg.Retention)
 	if until := msg.AcceptedUntil(c.cfg.Retention); until.After(expires) {
 		expires = until
 	}
-	now := c.now()
 	return types.TransactWriteItem{Put: &types.Put{
 		TableName: aws.String(c.cfg.Table),
 		Item: map[string]types.AttributeValue{
