@@ -28,13 +28,13 @@ var sqlMethods = map[string]int{
 // Each concatenates only identifiers quoted by pgx.Identifier.Sanitize, or
 // fragments chosen from constants in code; every value is a parameter.
 var allowed = map[string]string{
-	"pkg/idempotent/partitions.go:createPartition":   "partition name via pgx.Identifier.Sanitize; bounds are UUIDs the code formats from a date (DDL takes no parameters)",
-	"pkg/idempotent/partitions.go:dropExpiredAt":     "partition name via pgx.Identifier.Sanitize (DDL takes no parameters)",
+	"pkg/idempotent/partitions.go:partitionDDL":      "its callers (createPartition, dropExpiredAt) pass DDL naming the partition via pgx.Identifier.Sanitize, with bounds the code formats from a date (DDL takes no parameters)",
 	"pkg/idempotent/inbox_admin.go:InboxBacklog":     "appends the constant \"AND consumer = $1\" or nothing; the consumer is a parameter",
 	"pkg/idempotent/inbox_admin.go:Replay":           "joins constant \"column = $n\" conditions chosen by which filters are set; values are parameters",
 	"pkg/idempotent/processor.go:claimOn":            "claimSQL is a package variable assembled once from constants (named parameters)",
 	"pkg/outbox/relay.go:finish":                     "rescheduleSQL is a package variable assembled once from constants (the retry schedule over o.attempts + 1)",
 	"pkg/idempotent/processor.go:record":             "backoffSQL is a constant template filled with the constant column name i.attempts",
+	"pkg/idempotent/processor.go:chargeOnly":         "chargeOnlySQL is a package variable assembled once from constants (backoffSQL over i.attempts; named parameters)",
 	"services/notifications/sender/sender.go:fenced": "the SET clause is one of three constant strings at its call sites; values are $3, $4",
 	"internal/testenv/testenv.go:DatabaseURL":        "test databases named t_<random hex> by the code (DDL takes no parameters)",
 	"internal/testenv/hostile.go:TableDigest":        "test helper: table names are the caller's constants, via pgx.Identifier.Sanitize",

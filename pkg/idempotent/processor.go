@@ -618,13 +618,7 @@ func (p *Processor) chargeOnly(ctx context.Context, claimed []claimedRow, owned 
 			ids, attempts = append(ids, r.MessageID), append(attempts, int32(r.Attempts))
 		}
 	}
-	_, err := p.cfg.Pool.Exec(ctx, `UPDATE inbox i SET
-		attempts        = CASE WHEN i.message_id = @culprit THEN i.attempts ELSE i.attempts - 1 END,
-		status          = CASE WHEN i.message_id = @culprit AND (@permanent OR i.attempts >= @max_attempts) THEN 'FAILED' ELSE 'PENDING' END,
-		next_attempt_at = CASE WHEN i.message_id = @culprit THEN `+fmt.Sprintf(backoffSQL, "i.attempts")+` ELSE clock_timestamp() END,
-		last_error      = CASE WHEN i.message_id = @culprit THEN @error ELSE i.last_error END
-		FROM unnest(@ids::uuid[], @attempts::int4[]) AS c(id, attempts)
-		WHERE i.consumer = @consumer AND i.message_id = c.id AND i.status = 'PENDING' AND i.attempts = c.attempts`,
+	_, err := p.cfg.Pool.Exec(ctx, chargeOnlySQL,
 		pgx.NamedArgs{"consumer": p.in.consumer, "culprit": culprit.MessageID, "error": herr.Error(), "permanent": IsPermanent(herr),
 			"ids": pgid.All(ids), "attempts": attempts, "max_attempts": p.cfg.MaxAttempts,
 			"retry_base": p.cfg.RetryBase.Seconds(), "retry_max": p.cfg.RetryMax.Seconds()})
@@ -636,6 +630,16 @@ func (p *Processor) chargeOnly(ctx context.Context, claimed []claimedRow, owned 
 	p.log.WarnContext(ctx, "inbox handler broke its batch's transaction: the batch is retried, the attempt charged to this row alone",
 		"event_id", culprit.MessageID, "attempt", culprit.Attempts, "error", herr)
 }
+
+// chargeOnlySQL settles a lost batch (chargeOnly): the culprit keeps its
+// attempt and gets its backoff, the others get theirs back, due at once.
+var chargeOnlySQL = `UPDATE inbox i SET
+	attempts        = CASE WHEN i.message_id = @culprit THEN i.attempts ELSE i.attempts - 1 END,
+	status          = CASE WHEN i.message_id = @culprit AND (@permanent OR i.attempts >= @max_attempts) THEN 'FAILED' ELSE 'PENDING' END,
+	next_attempt_at = CASE WHEN i.message_id = @culprit THEN ` + fmt.Sprintf(backoffSQL, "i.attempts") + ` ELSE clock_timestamp() END,
+	last_error      = CASE WHEN i.message_id = @culprit THEN @error ELSE i.last_error END
+	FROM unnest(@ids::uuid[], @attempts::int4[]) AS c(id, attempts)
+	WHERE i.consumer = @consumer AND i.message_id = c.id AND i.status = 'PENDING' AND i.attempts = c.attempts`
 
 // call runs the handler with a span continuing the receive's trace, and
 // turns a panic into an error.
