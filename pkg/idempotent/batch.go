@@ -74,7 +74,10 @@ type BatchEffect func(ctx context.Context, tx pgx.Tx, fresh []int) error
 // effect that panics is such a failure: recovered, its item Failed with a
 // *errs.PanicError (logged with its stack), the others run on their own.
 // So one poison message costs its neighbours a retry but never their
-// commit, and HandleBatch always returns every item's outcome.
+// commit, and HandleBatch always returns every item's outcome. One limit:
+// the fallback runs on ctx, so an effect that hangs until ctx's deadline
+// leaves its neighbours Failed with ctx's error, untried; hand those over
+// again on a fresh deadline (sqstransport's batch subscriber does).
 // Serialization failures and deadlocks retry the whole batch first.
 // Outcomes and errors come back in items' order; ack exactly the items
 // whose Outcome is Done.

@@ -33,8 +33,11 @@ import (
 // and, when the receive held more than one message, called again with
 // each of them alone: only a message whose own call panics fails as a
 // panic, counting towards MaxPanics; the others are settled on their own
-// results. So it must be safe to call again with messages it handled in
-// part, as an idempotent consumer is.
+// results. A call that runs past HandlerTimeout is treated alike: each
+// delivery it failed is handed over again alone, with a deadline of its
+// own, so one hung message does not take its batch-mates back to the
+// queue with it. So it must be safe to call again with messages it
+// handled in part, as an idempotent consumer is.
 type BatchHandler func(ctx context.Context, ds []Delivery) []error
 
 // NewBatchSubscriber returns a Subscriber that hands each receive (up to
@@ -112,7 +115,9 @@ func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
 // deliveries are then handed over again one at a time (oneByOne): only
 // the one that panics fails as a panic and counts towards MaxPanics; the
 // others are applied and deleted. A handler is idempotent, so whatever the
-// panicking call had committed is a duplicate the second time.
+// panicking call had committed is a duplicate the second time. A call that
+// runs past its deadline hands its failed deliveries over one at a time
+// too (lateOneByOne), unless the Gate calls it an outage.
 func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (timedOut []bool, results []error) {
 	deadline := time.Now().Add(s.cfg.MaxExtension)
 	for {
@@ -133,6 +138,9 @@ func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (timedOut [
 			}
 		}
 		if suspect == nil || panicked || !s.cfg.Gate.Suspect(ctx, suspect) {
+			if late && len(ds) > 1 {
+				return s.lateOneByOne(ctx, ds, results, deadline)
+			}
 			return timedOut, results
 		}
 		s.log.Warn("dependency unavailable: holding the receive until it answers", "error", suspect, "messages", len(ds))
@@ -149,13 +157,46 @@ func (s *Subscriber) oneByOne(ctx context.Context, ds []Delivery) (timedOut []bo
 	s.log.Warn("batch handler panicked: handing the receive's messages over one at a time", "messages", len(ds))
 	timedOut, results = make([]bool, len(ds)), make([]error, len(ds))
 	for i := range ds {
-		var r []error
-		timedOut[i] = s.within(ctx, func(hctx context.Context) { _, r = s.callBatch(hctx, ds[i:i+1]) })
-		if len(r) > 0 {
-			results[i] = r[0]
-		} else {
-			results[i] = fmt.Errorf("sqstransport: batch handler returned no result for its one message")
+		timedOut[i], results[i] = s.callOne(ctx, ds[i])
+	}
+	return timedOut, results
+}
+
+// callOne hands d alone to the batch handler, within its own
+// HandlerTimeout and its panic recovered.
+func (s *Subscriber) callOne(ctx context.Context, d Delivery) (timedOut bool, err error) {
+	var r []error
+	timedOut = s.within(ctx, func(hctx context.Context) { _, r = s.callBatch(hctx, []Delivery{d}) })
+	if len(r) == 0 {
+		return timedOut, fmt.Errorf("sqstransport: batch handler returned no result for its one message")
+	}
+	return timedOut, r[0]
+}
+
+// lateOneByOne hands each delivery that failed in a call past its deadline
+// over again on its own, with a deadline of its own. One hung message holds
+// the whole receive's transaction until the deadline, and its mates, which
+// the handler could then only fail on the spent context, would otherwise
+// come back with it receive after receive, towards maxReceiveCount and the
+// DLQ. Now only the hung one times out again. A delivery that succeeded or
+// was refused keeps its result; once the Gate confirms an outage, the drain
+// starts or a call could outlast deadline (the last visibility extension),
+// the rest keep theirs and come back later.
+func (s *Subscriber) lateOneByOne(ctx context.Context, ds []Delivery, results []error, deadline time.Time) (timedOut []bool, _ []error) {
+	s.log.Warn("batch handler passed its deadline: handing the receive's failed messages over one at a time",
+		"messages", len(ds), "handler_timeout", s.cfg.HandlerTimeout)
+	timedOut = make([]bool, len(ds))
+	stop := false
+	for i := range ds {
+		if results[i] == nil || IsPermanent(results[i]) {
+			continue
 		}
+		if stop = stop || s.stopping.Err() != nil || time.Now().Add(s.cfg.HandlerTimeout).After(deadline); stop {
+			timedOut[i] = true // the batch's verdict stands
+			continue
+		}
+		timedOut[i], results[i] = s.callOne(ctx, ds[i])
+		stop = timedOut[i] && s.cfg.Gate.Suspect(ctx, results[i])
 	}
 	return timedOut, results
 }

@@ -1,0 +1,89 @@
+package sqstransport_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/effectively-once/payments-cashback/internal/testenv"
+	"github.com/effectively-once/payments-cashback/pkg/events"
+	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
+)
+
+// One hung message does not cost its batch-mates a delivery. The handler
+// behaves as idempotent.Consumer.HandleBatch does: the hung effect holds
+// the batch's transaction until the deadline, and its mates, left to run
+// one at a time on the same spent context, fail at once. The subscriber
+// then hands each failed delivery over on its own, with a deadline of its
+// own: the mates are applied and deleted on their first receive, and only
+// the hung message comes back.
+func TestABatchPastItsDeadlineHandsItsMessagesOverOneAtATime(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, _ := testenv.Queue(t, c, 5, 30*time.Second)
+	evs := []events.Envelope{newEvent(t, 1), newEvent(t, 2), newEvent(t, 3)}
+	hung := evs[1].EventID
+	var entries []types.SendMessageBatchRequestEntry
+	for i, e := range evs {
+		b, err := e.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries = append(entries, types.SendMessageBatchRequestEntry{Id: aws.String(string(rune('a' + i))), MessageBody: aws.String(string(b))})
+	}
+	if _, err := c.SendMessageBatch(context.Background(), &sqs.SendMessageBatchInput{QueueUrl: aws.String(q), Entries: entries}); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	var sizes []int
+	appliedAt := map[string]int{} // event id -> receive count it was applied on
+	h := func(ctx context.Context, ds []sqstransport.Delivery) []error {
+		mu.Lock()
+		sizes = append(sizes, len(ds))
+		mu.Unlock()
+		out := make([]error, len(ds))
+		for i, d := range ds {
+			if d.Envelope.EventID == hung {
+				<-d.Ctx.Done() // holds the batch until the deadline
+				<-ctx.Done()
+				out[i] = d.Ctx.Err()
+			}
+		}
+		for i, d := range ds {
+			if out[i] == nil && ctx.Err() != nil {
+				out[i] = ctx.Err() // the fallback on the spent context
+			}
+			if out[i] == nil {
+				mu.Lock()
+				appliedAt[d.Envelope.EventID.String()] = d.ReceiveCount
+				mu.Unlock()
+			}
+		}
+		return out
+	}
+	cfg := testConfig(q) // Visibility 5s: a 4s deadline
+	cfg.Concurrency = 1
+	runBatch(t, c, cfg, h)
+	waitFor(t, 20*time.Second, "both healthy messages applied (they come back with the hung one, batch after batch, towards the DLQ)", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(appliedAt) == 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("receive sizes %v, applied at %v", sizes, appliedAt)
+	if sizes[0] != len(evs) {
+		t.Skipf("SQS split the three messages over receives (sizes %v): no batch to cut", sizes)
+	}
+	for _, e := range []events.Envelope{evs[0], evs[2]} {
+		if n := appliedAt[e.EventID.String()]; n != 1 {
+			t.Errorf("healthy message %s applied on receive %d, want its first: the hung batch-mate cost it a delivery", e.EventID, n)
+		}
+	}
+}
