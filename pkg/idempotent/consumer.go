@@ -83,6 +83,7 @@ type Consumer struct {
 	pool       *pgxpool.Pool
 	name       string
 	retention  time.Duration
+	queueRet   time.Duration
 	maxRetries uint
 	now        func() time.Time
 	log        *slog.Logger
@@ -93,8 +94,16 @@ type Consumer struct {
 type Option func(*Consumer)
 
 // WithRetention sets the dedupe window (default DefaultRetention). Keep it
-// equal to the retention the partition maintenance uses.
+// equal to the retention the partition maintenance uses. NewConsumer
+// refuses a window that does not exceed the queue retention by a day (see
+// ValidateRetention): a copy the queue could still hand back would
+// otherwise be refused as Expired, its effect never applied.
 func WithRetention(d time.Duration) Option { return func(c *Consumer) { c.retention = d } }
+
+// WithQueueRetention is the longest the source queue (and its DLQ) can
+// hand a message back (default DefaultQueueRetention, SQS's 14 days): set
+// it, with a shorter WithRetention, for a queue that keeps messages less.
+func WithQueueRetention(d time.Duration) Option { return func(c *Consumer) { c.queueRet = d } }
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *Consumer) { c.log = l } }
@@ -111,9 +120,12 @@ func NewConsumer(pool *pgxpool.Pool, name string, opts ...Option) (*Consumer, er
 	if pool == nil {
 		return nil, errors.New("idempotent: NewConsumer needs a pool")
 	}
-	c := &Consumer{pool: pool, name: name, retention: DefaultRetention, maxRetries: 5, now: time.Now, log: slog.Default()}
+	c := &Consumer{pool: pool, name: name, retention: DefaultRetention, queueRet: DefaultQueueRetention, maxRetries: 5, now: time.Now, log: slog.Default()}
 	for _, o := range opts {
 		o(c)
+	}
+	if err := ValidateRetention(c.retention, c.queueRet); err != nil {
+		return nil, err
 	}
 	var err error
 	c.outcomes, err = otel.Meter(meterName).Int64Counter("idempotent_messages_total",

@@ -271,10 +271,10 @@ func TestSerializationFailureIsRetried(t *testing.T) {
 func TestExpiredCopyIsRefused(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
-	c := newConsumer(t, pool, idempotent.WithRetention(time.Hour))
+	c := newConsumer(t, pool)
 	ctx := context.Background()
 	e := newEvent(t, 2400)
-	e.OccurredAt = time.Now().Add(-2 * time.Hour)
+	e.OccurredAt = time.Now().Add(-idempotent.DefaultRetention - time.Hour)
 	out, err := c.Handle(ctx, idempotent.MessageOf(e), credit(e, 2400))
 	if out != idempotent.Expired || !errors.Is(err, idempotent.ErrExpired) {
 		t.Fatalf("old copy: %v %v, want expired", out, err)

@@ -98,8 +98,12 @@ type Config struct {
 	// whose clock lags by less than the margin never accepts a copy whose
 	// item is gone. An id minted past idempotent.MaxFutureSkew is refused
 	// (ErrAhead), as idempotent.Consumer refuses it. Defaults to
-	// idempotent.DefaultRetention.
+	// idempotent.DefaultRetention. NewConsumer refuses one that does not
+	// exceed QueueRetention by a day (idempotent.ValidateRetention).
 	Retention time.Duration
+	// QueueRetention is the longest the source queue (and its DLQ) can
+	// hand a message back. Defaults to idempotent.DefaultQueueRetention.
+	QueueRetention time.Duration
 	// MaxRetries bounds how often a transaction cancelled only by
 	// TransactionConflict or throttling is sent again. Defaults to 5.
 	MaxRetries uint
@@ -131,6 +135,12 @@ func NewConsumer(db API, name string, cfg Config) (*Consumer, error) {
 	}
 	if cfg.Retention <= 0 {
 		cfg.Retention = idempotent.DefaultRetention
+	}
+	if cfg.QueueRetention <= 0 {
+		cfg.QueueRetention = idempotent.DefaultQueueRetention
+	}
+	if err := idempotent.ValidateRetention(cfg.Retention, cfg.QueueRetention); err != nil {
+		return nil, err
 	}
 	if cfg.MaxRetries == 0 {
 		cfg.MaxRetries = 5

@@ -76,3 +76,24 @@ func TestTheKeyOutlivesTheWindowOfAnEventFromAheadAndOneTooFarAheadIsRefused(t *
 		t.Errorf("an event minted past MaxFutureSkew: %v, %v; want Failed with ErrAhead", out, err)
 	}
 }
+
+// NewConsumer refuses a Retention the queue can outlast, as
+// idempotent.NewConsumer does; QueueRetention names a shorter queue.
+func TestNewConsumerRefusesAWindowTheQueueOutlasts(t *testing.T) {
+	t.Parallel()
+	const day = 24 * time.Hour
+	for _, tc := range []struct {
+		cfg idemdynamo.Config
+		ok  bool
+	}{
+		{idemdynamo.Config{}, true},
+		{idemdynamo.Config{Retention: time.Hour}, false},
+		{idemdynamo.Config{Retention: 14 * day}, false},
+		{idemdynamo.Config{Retention: 5 * day, QueueRetention: 4 * day}, true},
+	} {
+		_, err := idemdynamo.NewConsumer(&capture{}, "rewards", tc.cfg)
+		if tc.ok != (err == nil) {
+			t.Errorf("Retention %v, QueueRetention %v: %v; want ok=%v", tc.cfg.Retention, tc.cfg.QueueRetention, err, tc.ok)
+		}
+	}
+}
