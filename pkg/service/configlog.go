@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"reflect"
 	"regexp"
 	"strings"
@@ -26,6 +27,71 @@ func LogConfig(log *slog.Logger, cfg any) {
 	var attrs []any
 	configAttrs(v, "", &attrs)
 	log.Info("configuration", attrs...)
+	names := make([]string, len(attrs))
+	for i, a := range attrs {
+		names[i] = a.(slog.Attr).Key
+	}
+	for _, m := range nearMisses(names, os.Environ()) {
+		log.Warn("environment variable ignored: it is not a setting of this service, but nearly the name of one",
+			"variable", m[0], "did_you_mean", m[1])
+	}
+}
+
+// nearMisses returns, for each variable of environ that is not one of
+// names but one or two letters away from one (a letter left out, added,
+// changed or two swapped), that variable and the name it is near: a
+// misspelt setting, which would otherwise leave the service on its
+// default without a word. Short names are left out, being near too much,
+// and so is a name that is the other's plural: a client's X_API_KEY (the
+// key it sends) and a server's X_API_KEYS (the keys it accepts) share one
+// environment in a local stack.
+func nearMisses(names, environ []string) [][2]string {
+	known := make(map[string]bool, len(names))
+	for _, n := range names {
+		known[n] = true
+	}
+	var out [][2]string
+	for _, kv := range environ {
+		v, _, _ := strings.Cut(kv, "=")
+		if known[v] || len(v) < 6 {
+			continue
+		}
+		for _, n := range names {
+			if len(n) >= 6 && v+"S" != n && n+"S" != v && editDistance(v, n) <= 2 {
+				out = append(out, [2]string{v, n})
+				break
+			}
+		}
+	}
+	return out
+}
+
+// editDistance is the optimal string alignment distance of a and b: the
+// fewest insertions, deletions, substitutions and swaps of two adjacent
+// bytes that turn one into the other.
+func editDistance(a, b string) int {
+	if d := len(a) - len(b); d > 2 || d < -2 {
+		return 3 // far enough: the only answer that matters is "more than 2"
+	}
+	prev2, prev, cur := make([]int, len(b)+1), make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
 }
 
 func configAttrs(v reflect.Value, prefix string, attrs *[]any) {

@@ -392,3 +392,39 @@ func TestTheAccessLogCutsALongPath(t *testing.T) {
 		}
 	}
 }
+
+// A variable set a letter or two away from one the service reads is
+// almost surely a misspelling that the service would otherwise ignore in
+// silence, running on the default: LogConfig warns, naming the variable
+// and the one it is near (never its value, which may be a secret).
+// Variables that are far from every name (PATH, HOME), or its plural, are
+// not warned of.
+func TestLogConfigWarnsOfAVariableNearlyNamedLikeASetting(t *testing.T) {
+	type inner struct {
+		BatchSize int `env:"BATCH_SIZE"`
+	}
+	type config struct {
+		Retention time.Duration `env:"X_DEDUPE_RETENTION"`
+		Relay     inner         `envPrefix:"X_RELAY_"`
+	}
+	t.Setenv("X_RELAY_BATCH_SZE", "s3cret-ish")
+	t.Setenv("X_DEDUP_RETENTION", "1h")
+	t.Setenv("X_DEDUPE_RETENTION", "400h") // the right one: no warning
+	t.Setenv("X_SOMETHING_ELSE", "1")
+	t.Setenv("X_DEDUPE_RETENTIONS", "1h") // a plural: a client's KEY beside a server's KEYS
+	var buf bytes.Buffer
+	service.LogConfig(slog.New(slog.NewJSONHandler(&buf, nil)), config{})
+	if strings.Contains(buf.String(), "s3cret-ish") {
+		t.Errorf("the warning leaks the value: %s", buf.String())
+	}
+	warned := map[string]any{}
+	for _, rec := range records(t, &buf) {
+		if rec["level"] == "WARN" {
+			warned[fmt.Sprint(rec["variable"])] = rec["did_you_mean"]
+		}
+	}
+	want := map[string]any{"X_RELAY_BATCH_SZE": "X_RELAY_BATCH_SIZE", "X_DEDUP_RETENTION": "X_DEDUPE_RETENTION"}
+	if fmt.Sprint(warned) != fmt.Sprint(want) {
+		t.Errorf("warned of %v, want %v", warned, want)
+	}
+}
