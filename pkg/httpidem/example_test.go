@@ -38,7 +38,9 @@ func ExampleStore_Handle() {
 			http.Error(w, "bad request", http.StatusBadRequest) // validated first: nothing saved
 			return
 		}
-		req := httpidem.Request{Scope: "POST /v1/payments", Fingerprint: in, NewResourceID: func() string { return "pay_42" }}
+		// The scope starts with the authenticated caller (one client here),
+		// so that another client's equal key is another key.
+		req := httpidem.Request{Scope: "client_a POST /v1/payments", Fingerprint: in, NewResourceID: func() string { return "pay_42" }}
 		keys.Handle(w, r, req, func(ctx context.Context, a *httpidem.Attempt) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				if _, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, $2)`, a.ResourceID, in.AmountPaise); err != nil {

@@ -1,8 +1,9 @@
 // Package httpidem gives an HTTP API Stripe-style Idempotency-Key semantics,
 // backed by PostgreSQL (table idempotency_keys, created by Migrate).
 //
-// For every (scope, key) — scope is the endpoint and path, so a refund key
-// and a payment key may be equal strings — the first request claims the key
+// For every (scope, key) — scope is the caller, the endpoint and the path,
+// so two clients, or a refund and a payment, may send equal keys — the
+// first request claims the key
 // with an INSERT ... ON CONFLICT DO NOTHING before anything else happens.
 // Then, for any later request with the same key:
 //
@@ -129,6 +130,30 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.Err) }
+
+// Unrecorded is err, the failure to record an external call that took
+// effect (the commit after a provider charged a card, say), as an
+// OutcomeUnknown Error: the client gets a 500 that asks it to retry with
+// the same key, and if it never does, Resume runs the operation again one
+// LockTimeout later, whose repeat of the call (under the provider's own
+// idempotency key) answers with the first call's result and records it.
+// Returned as a plain error, the key would be released as if nothing had
+// happened, and the effect left with no record. nil, ErrLockLost (another
+// attempt owns the key) and ErrAbandon pass through; an *Error is marked
+// OutcomeUnknown.
+func Unrecorded(err error) error {
+	var e *Error
+	switch {
+	case err == nil, errors.Is(err, ErrLockLost), errors.Is(err, ErrAbandon):
+		return err
+	case errors.As(err, &e):
+		marked := *e
+		marked.OutcomeUnknown = true
+		return &marked
+	}
+	return &Error{Status: http.StatusInternalServerError, Code: "internal",
+		Message: "internal error; retry with the same Idempotency-Key", Err: err, OutcomeUnknown: true}
+}
 func (e *Error) Unwrap() error { return e.Err }
 
 // Config tunes a Store. Zero values take the defaults in brackets.
@@ -184,8 +209,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 
 // Request describes one idempotent operation.
 type Request struct {
-	// Scope names the endpoint and resource, e.g. "POST /v1/payments" or
-	// "POST /v1/payments/pay_1/refund". Keys are unique per scope.
+	// Scope names the authenticated caller, the endpoint and the resource,
+	// e.g. "client_a POST /v1/payments" or "client_a POST
+	// /v1/payments/pay_1/refund". Keys are unique per scope. Clients pick
+	// their keys, so two of them can send the same one: leave the caller
+	// out and the second is replayed the first one's response, its data
+	// included.
 	Scope string
 	// Fingerprint is the validated request (a struct): its JSON encoding is
 	// hashed, so the same request with other whitespace or field order is

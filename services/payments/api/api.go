@@ -151,7 +151,7 @@ func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment
 	var declined *provider.DeclinedError
 	if errors.As(err, &declined) {
 		// Final: saved, so the same key replays the decline.
-		return a.Save(ctx, s.pool, http.StatusPaymentRequired, errorBody(declined.Code, "", declined.Message))
+		return a.Save(ctx, s.pool, http.StatusPaymentRequired, errorBody(declineCode(declined.Code), "", "the payment method was declined; nothing was charged"))
 	}
 	if err != nil {
 		return providerError(err, "nothing was charged")
@@ -169,12 +169,13 @@ func (s *Server) charge(ctx context.Context, a *httpidem.Attempt, req NewPayment
 		}
 		return a.Save(ctx, tx, http.StatusCreated, p)
 	})
-	if err == nil {
-		s.wake.Notify()
-		s.created.Add(ctx, 1)
-		s.log.Info("payment succeeded", "payment_id", a.ResourceID, "provider_ref", intentID, "attempt", a.Number)
+	if err != nil {
+		return httpidem.Unrecorded(err) // the card is charged: Resume records it
 	}
-	return err
+	s.wake.Notify()
+	s.created.Add(ctx, 1)
+	s.log.Info("payment succeeded", "payment_id", a.ResourceID, "provider_ref", intentID, "attempt", a.Number)
+	return nil
 }
 
 // Resume finishes a payment or a refund whose attempt crashed before it
@@ -280,12 +281,13 @@ func (s *Server) refundPayment(ctx context.Context, a *httpidem.Attempt, client,
 		// both under refund:<id>, so there is still one refund.
 		return a.Save(ctx, s.pool, http.StatusConflict, alreadyRefunded)
 	}
-	if err == nil {
-		s.wake.Notify()
-		s.refunded.Add(ctx, 1)
-		s.log.Info("payment refunded", "payment_id", p.ID, "provider_refund_ref", refundID, "attempt", a.Number)
+	if err != nil {
+		return httpidem.Unrecorded(err) // the money is back with the customer: Resume records it
 	}
-	return err
+	s.wake.Notify()
+	s.refunded.Add(ctx, 1)
+	s.log.Info("payment refunded", "payment_id", p.ID, "provider_refund_ref", refundID, "attempt", a.Number)
+	return nil
 }
 
 var alreadyRefunded = errorBody("payment_already_refunded", "", "this payment has already been refunded")
@@ -317,6 +319,22 @@ func safeCode(code string) string {
 		return (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '_'
 	}) >= 0 {
 		return "invalid_request"
+	}
+	return code
+}
+
+// declineCode is the code a decline is answered with: Stripe's decline
+// code, unless it tells of fraud screening, which Stripe advises showing
+// as generic_decline (so that whoever tries a stolen card learns nothing),
+// or is not a plain code. Stripe's message is never passed on: it can name
+// the screening rule that fired.
+func declineCode(code string) string {
+	switch code {
+	case "fraudulent", "stolen_card", "lost_card", "merchant_blacklist", "pickup_card", "":
+		return "generic_decline"
+	}
+	if safeCode(code) != code {
+		return "generic_decline"
 	}
 	return code
 }

@@ -418,6 +418,32 @@ func TestProviderFailureReleasesTheKeyForAnImmediateRetry(t *testing.T) {
 	}
 }
 
+// A decline answers with a code from Stripe's customer-facing set and a
+// message of the service's own: a fraud-screening code (fraudulent,
+// stolen_card, ...) is answered as generic_decline, as Stripe advises, and
+// Stripe's own text, which can name a Radar rule, is never passed on (nor
+// saved for replay). The code is kept otherwise, so the client can act.
+func TestADeclineNamesNoFraudScreeningAndCarriesNoProviderText(t *testing.T) {
+	t.Parallel()
+	for stripeCode, want := range map[string]string{
+		"fraudulent": "generic_decline", "stolen_card": "generic_decline", "lost_card": "generic_decline",
+		"merchant_blacklist": "generic_decline", "pickup_card": "generic_decline",
+		"expired_card": "expired_card", "Bad Code!": "generic_decline",
+	} {
+		e := newEnv(t, time.Minute)
+		e.stripe.setHook(stripeError(chargesPath, 1, http.StatusPaymentRequired,
+			`{"error":{"type":"card_error","code":"card_declined","decline_code":"`+stripeCode+`","message":"Your card was declined. Radar rule 'block if :risk_score: > 65' (rule_123)"}}`))
+		r := e.create("k-1", validBody)
+		d := r.errorDetail(t)
+		if r.status != http.StatusPaymentRequired || d.Code != want {
+			t.Errorf("decline %q: %d code %q, want 402 %q", stripeCode, r.status, d.Code, want)
+		}
+		if strings.Contains(string(r.body), "Radar") || strings.Contains(string(r.body), stripeCode) && want != stripeCode {
+			t.Errorf("decline %q: the answer carries Stripe's text or code: %s", stripeCode, r.body)
+		}
+	}
+}
+
 // A decline is a final outcome: saved, and replayed (errors included).
 func TestDeclineIsSavedAndReplayed(t *testing.T) {
 	t.Parallel()
