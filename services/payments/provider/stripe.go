@@ -195,17 +195,51 @@ func (s *Stripe) Charge(ctx context.Context, c Charge) (string, error) {
 		}
 		return "", fmt.Errorf("stripe: create payment intent %s: %w", ChargeKey(c.PaymentID), err)
 	}
-	switch {
-	case pi.Status == stripe.PaymentIntentStatusSucceeded, s.mockFixtures && fromStripeMock(pi.LastResponse):
+	if s.mockFixtures && fromStripeMock(pi.LastResponse) {
 		return pi.ID, nil
-	case pi.Status == stripe.PaymentIntentStatusRequiresPaymentMethod, pi.Status == stripe.PaymentIntentStatusCanceled:
-		return "", &DeclinedError{Code: "payment_failed", Message: "the payment method was not charged (payment intent " + string(pi.Status) + ")"}
-	default:
-		// processing, requires_action, ...: asynchronous or customer-driven
-		// completion, which needs webhooks this service does not handle.
-		// Not final: a retry asks Stripe again under the same key.
-		return "", fmt.Errorf("stripe: payment intent %s is %s: not completed synchronously", pi.ID, pi.Status)
 	}
+	if !final(pi.Status) {
+		// Stripe answers a repeat of the POST under the same key with the
+		// first answer, for as long as it keeps the key: only a read of
+		// the intent tells what became of it since.
+		gp := &stripe.PaymentIntentParams{}
+		gp.Context = ctx
+		if pi, err = s.intents.Get(pi.ID, gp); err != nil {
+			return "", fmt.Errorf("stripe: read payment intent %s: %w", ChargeKey(c.PaymentID), err)
+		}
+	}
+	switch pi.Status {
+	case stripe.PaymentIntentStatusSucceeded:
+		return pi.ID, nil
+	case stripe.PaymentIntentStatusRequiresPaymentMethod, stripe.PaymentIntentStatusCanceled:
+		return "", &DeclinedError{Code: "payment_failed", Message: "the payment method was not charged (payment intent " + string(pi.Status) + ")"}
+	case stripe.PaymentIntentStatusRequiresAction, stripe.PaymentIntentStatusRequiresConfirmation:
+		// The customer would have to authenticate (3-D Secure), and this
+		// service has no customer to ask: cancelled, the intent can never
+		// charge later, and the decline is final.
+		cp := &stripe.PaymentIntentCancelParams{}
+		cp.Context = ctx
+		if pi, err = s.intents.Cancel(pi.ID, cp); err != nil {
+			return "", fmt.Errorf("stripe: cancel payment intent %s needing the customer: %w", ChargeKey(c.PaymentID), err)
+		}
+		if pi.Status == stripe.PaymentIntentStatusSucceeded {
+			return pi.ID, nil
+		}
+		return "", &DeclinedError{Code: "authentication_required", Message: "the payment needs the customer to authenticate; the payment intent is cancelled"}
+	default:
+		// processing: not final. A retry (or Resume) reads the intent again.
+		return "", fmt.Errorf("stripe: payment intent %s is %s: not completed yet", pi.ID, pi.Status)
+	}
+}
+
+// final reports whether a payment intent in status st will not change
+// without this service acting: succeeded, or failed for good.
+func final(st stripe.PaymentIntentStatus) bool {
+	switch st {
+	case stripe.PaymentIntentStatusSucceeded, stripe.PaymentIntentStatusRequiresPaymentMethod, stripe.PaymentIntentStatusCanceled:
+		return true
+	}
+	return false
 }
 
 // Refund refunds the payment intent in full under RefundKey(paymentID) and
