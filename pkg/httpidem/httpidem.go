@@ -564,22 +564,55 @@ func (s *Store) Cleanup(ctx context.Context) (int64, error) {
 // fails with an *Error releases the key as Handle does (resumed again one
 // lease later only if OutcomeUnknown); one that fails otherwise keeps the
 // lease until it expires, as a crash would: the next Resume tries again,
-// and a client's retry meanwhile gets 409. Resume
+// and a client's retry meanwhile gets 409. Resume runs every key due when
+// it reaches it, in the order they fell due, a hundred read at a time, and
 // returns how many operations it finished; op runs with the deadline Handle
 // gives it, and is not cancelled with ctx.
 func (s *Store) Resume(ctx context.Context, maxAge time.Duration, op func(ctx context.Context, a *Attempt, request []byte) error) (int, error) {
+	finished := 0
+	for ctx.Err() == nil {
+		keys, err := s.dueKeys(ctx, maxAge)
+		if err != nil {
+			return finished, err
+		}
+		n, err := s.resumeKeys(ctx, keys, op)
+		finished += n
+		if err != nil || len(keys) < resumeBatch {
+			return finished, err
+		}
+	}
+	return finished, nil
+}
+
+// resumeBatch is how many keys Resume reads at a time.
+const resumeBatch = 100
+
+type scopedKey struct{ Scope, Key string }
+
+// dueKeys returns the keys due for Resume in the order they fell due: a
+// crashed attempt's when its lease ran out, a failed one's at its
+// resume_after. A key run and released again falls due a lease later, so
+// older keys whose outcome stays unknown take their turn after the keys
+// that fell due before them: they never keep a newer crash out of a round.
+func (s *Store) dueKeys(ctx context.Context, maxAge time.Duration) ([]scopedKey, error) {
 	rows, err := s.pool.Query(ctx, `SELECT scope, key FROM idempotency_keys
 		WHERE response_code IS NULL AND request IS NOT NULL AND created_at > now() - $2::interval
 		  AND (locked_at <= now() - $1::interval OR locked_at IS NULL AND resume_after <= now())
-		ORDER BY created_at LIMIT 100`, s.cfg.LockTimeout, maxAge)
+		ORDER BY CASE WHEN locked_at IS NULL THEN resume_after ELSE locked_at + $1::interval END, created_at
+		LIMIT $3`, s.cfg.LockTimeout, maxAge, resumeBatch)
 	if err != nil {
-		return 0, fmt.Errorf("httpidem: resume: %w", err)
+		return nil, fmt.Errorf("httpidem: resume: %w", err)
 	}
-	type scopedKey struct{ Scope, Key string }
 	keys, err := pgx.CollectRows(rows, pgx.RowToStructByPos[scopedKey])
 	if err != nil {
-		return 0, fmt.Errorf("httpidem: resume: %w", err)
+		return nil, fmt.Errorf("httpidem: resume: %w", err)
 	}
+	return keys, nil
+}
+
+// resumeKeys takes each of keys over, unless it has been finished, retried
+// or resumed since dueKeys read it, and runs op for it.
+func (s *Store) resumeKeys(ctx context.Context, keys []scopedKey, op func(ctx context.Context, a *Attempt, request []byte) error) (int, error) {
 	finished := 0
 	for _, k := range keys {
 		if ctx.Err() != nil {
