@@ -21,7 +21,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -34,46 +34,70 @@ import (
 )
 
 func main() {
-	source := flag.String("source", "", "the dead-letter queue to empty (name or URL), e.g. payments-events-dlq")
-	dest := flag.String("dest", "", "where to move the messages (name or URL) [source minus "+sqstransport.DLQSuffix+"]")
-	max := flag.Int("max", 0, "move at most this many messages (0: what the DLQ holds at start)")
-	timeout := flag.Duration("timeout", 10*time.Minute, "give up after this long")
-	flag.Parse()
-	log.SetFlags(0)
-	log.SetPrefix("redrive: ")
-	if *source == "" || flag.NArg() > 0 {
-		flag.Usage()
-		os.Exit(2)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the command with its arguments; it returns the exit status: 2 for
+// bad arguments, before any queue is touched, 1 for a failure.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("redrive", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	source := fs.String("source", "", "the dead-letter queue to empty (name or URL), e.g. payments-events-dlq")
+	dest := fs.String("dest", "", "where to move the messages (name or URL) [source minus "+sqstransport.DLQSuffix+"]")
+	max := fs.Int("max", 0, "move at most this many messages (0: what the DLQ holds at start)")
+	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	usage := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "redrive: "+format+"\n", a...)
+		fs.Usage()
+		return 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		return usage("unexpected argument %q: every setting is a flag, and none after it was read", fs.Arg(0))
+	case *source == "":
+		return usage("-source is required")
+	case *max < 0:
+		return usage("-max %d: want a count, or 0 for what the DLQ holds at start", *max)
+	case *timeout <= 0:
+		return usage("-timeout %v: want a positive duration", *timeout)
 	}
 	if *dest == "" {
 		name := queueName(*source)
 		if !strings.HasSuffix(name, sqstransport.DLQSuffix) {
-			log.Fatalf("-source %s does not end in %s: name the destination with -dest", name, sqstransport.DLQSuffix)
+			return usage("-source %s does not end in %s: name the destination with -dest", name, sqstransport.DLQSuffix)
 		}
 		*dest = strings.TrimSuffix(name, sqstransport.DLQSuffix)
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
+	fail := func(err error) int {
+		fmt.Fprintln(stderr, "redrive:", err)
+		return 1
+	}
 	c, err := sqstransport.NewClient(ctx)
 	if err != nil {
-		log.Fatal(err)
+		return fail(err)
 	}
 	srcURL, err := resolve(ctx, c, *source)
 	if err != nil {
-		log.Fatal(err)
+		return fail(err)
 	}
 	dstURL, err := resolve(ctx, c, *dest)
 	if err != nil {
-		log.Fatal(err)
+		return fail(err)
 	}
 	moved, err := sqstransport.Redrive(ctx, c, srcURL, dstURL, *max)
-	fmt.Printf("moved %d messages from %s to %s\n", moved, queueName(srcURL), queueName(dstURL))
+	fmt.Fprintf(stdout, "moved %d messages from %s to %s\n", moved, queueName(srcURL), queueName(dstURL))
 	if err != nil {
-		log.Fatal(err)
+		return fail(err)
 	}
+	return 0
 }
 
 func queueName(nameOrURL string) string { return nameOrURL[strings.LastIndex(nameOrURL, "/")+1:] }

@@ -3,6 +3,7 @@ package sqstransport_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -285,5 +286,74 @@ func TestRedriveFallsBackOnAnyServerWithoutMessageMoveTasks(t *testing.T) {
 				t.Errorf("DLQ holds %d, want all %d still there", got, n)
 			}
 		})
+	}
+}
+
+// A move task still running when Redrive's context ends (the operator's
+// -timeout, or Ctrl-C) is cancelled, not left moving messages after the
+// tool has given up (SQS runs one task per queue at a time, so the next
+// redrive could not even start), and Redrive reports what it moved. It
+// used to answer 0 and leave the task running.
+func TestAMoveTaskRunningWhenRedriveIsStoppedIsCancelled(t *testing.T) {
+	t.Parallel()
+	rp := &sqsReplay{on: map[string]func(http.ResponseWriter, map[string]any){
+		"GetQueueAttributes":   queueArns,
+		"StartMessageMoveTask": func(w http.ResponseWriter, _ map[string]any) { sqsJSON(w, `{"TaskHandle":"`+replayHandle+`"}`) },
+		"ListMessageMoveTasks": func(w http.ResponseWriter, _ map[string]any) {
+			sqsJSON(w, `{"Results":[{"TaskHandle":"`+replayHandle+`","Status":"RUNNING","SourceArn":"`+replayDLQArn+`",
+				"DestinationArn":"`+replayDestArn+`","ApproximateNumberOfMessagesMoved":40,"ApproximateNumberOfMessagesToMove":100000}]}`)
+		},
+		"CancelMessageMoveTask": func(w http.ResponseWriter, _ map[string]any) { sqsJSON(w, `{"ApproximateNumberOfMessagesMoved":41}`) },
+	}}
+	srv := httptest.NewServer(rp)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+	defer cancel()
+	moved, err := sqstransport.Redrive(ctx, replayClient(srv), replayDLQ, replayDest, 0)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(fmt.Sprint(err), "cancelled") {
+		t.Errorf("Redrive: %v, want the deadline, saying the task was cancelled", err)
+	}
+	if rp.count("CancelMessageMoveTask") != 1 || rp.request("CancelMessageMoveTask", 0)["TaskHandle"] != replayHandle {
+		t.Errorf("CancelMessageMoveTask calls %d, want 1 for the task's handle", rp.count("CancelMessageMoveTask"))
+	}
+	if moved != 41 {
+		t.Errorf("moved %d, want the 41 the cancel reported", moved)
+	}
+}
+
+// Only the start of a move task decides whether the server has them: once
+// it started, a failed poll (a proxy's HTML error page) is an error, not a
+// reason to run the manual path beside the task on the same DLQ.
+func TestAFailedPollOfAStartedMoveTaskDoesNotRunTheManualPathBesideIt(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	target, err := url.Parse(testenv.SQSEndpoint(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	q, dlq := testenv.Queue(t, c, 5, 30*time.Second)
+	for i := range 3 {
+		if _, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(dlq), MessageBody: aws.String(fmt.Sprint(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rp := &sqsReplay{next: httputil.NewSingleHostReverseProxy(target), on: map[string]func(http.ResponseWriter, map[string]any){
+		"StartMessageMoveTask": func(w http.ResponseWriter, _ map[string]any) { sqsJSON(w, `{"TaskHandle":"`+replayHandle+`"}`) },
+		"ListMessageMoveTasks": func(w http.ResponseWriter, _ map[string]any) {
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, "<html>gateway hiccup</html>")
+		},
+		"CancelMessageMoveTask": func(w http.ResponseWriter, _ map[string]any) { sqsJSON(w, `{"ApproximateNumberOfMessagesMoved":0}`) },
+	}}
+	srv := httptest.NewServer(rp)
+	defer srv.Close()
+	moved, err := sqstransport.Redrive(ctx, replayClient(srv), dlq, q, 0)
+	if err == nil {
+		t.Errorf("Redrive moved %d and said nothing of the failed polls", moved)
+	}
+	if n := rp.count("ReceiveMessage"); n != 0 {
+		t.Errorf("the manual path ran (%d receives) beside the started move task", n)
 	}
 }

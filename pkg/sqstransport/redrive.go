@@ -42,6 +42,12 @@ const ParkAttributePrefix = "park_"
 // responses SQS documents for it (movetask_test.go); the manual path is the
 // one every test server exercises.
 //
+// Once the server has taken a move task, only the task moves messages:
+// if ctx ends while it runs, or its polls keep failing, Redrive cancels
+// it (a task left running would go on moving messages after Redrive had
+// reported, and keep the next redrive of that queue from starting) and
+// returns what it had moved, with the reason.
+//
 // max > 0 moves at most max messages, which a move task cannot bound, so it
 // always takes the manual path. max <= 0 moves what the DLQ held when
 // Redrive started: a message parked again while Redrive runs (it is still
@@ -54,11 +60,8 @@ func Redrive(ctx context.Context, c *sqs.Client, dlqURL, destURL string, max int
 		return 0, errors.New("sqstransport: redrive: the DLQ and the destination are the same queue")
 	}
 	if max <= 0 {
-		n, err := moveTask(ctx, c, dlqURL, destURL)
-		if err == nil {
-			return n, nil
-		}
-		if !unsupported(err) {
+		n, started, err := moveTask(ctx, c, dlqURL, destURL)
+		if err == nil || started || !unsupported(err) {
 			return n, err
 		}
 		// Not implemented by this server: do it by hand, bounded by what
@@ -71,51 +74,82 @@ func Redrive(ctx context.Context, c *sqs.Client, dlqURL, destURL string, max int
 }
 
 // moveTask runs a StartMessageMoveTask from dlqURL to destURL to its end.
-func moveTask(ctx context.Context, c *sqs.Client, dlqURL, destURL string) (int, error) {
+// started says the server took the task: from then on, a failure is the
+// task's, never a sign that the server lacks move tasks. A task Redrive
+// stops waiting for (ctx ended, or its polls kept failing) is cancelled,
+// so that it does not go on moving messages after Redrive has reported.
+func moveTask(ctx context.Context, c *sqs.Client, dlqURL, destURL string) (moved int, started bool, err error) {
 	src, err := queueARN(ctx, c, dlqURL)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	dst, err := queueARN(ctx, c, destURL)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	start, err := c.StartMessageMoveTask(ctx, &sqs.StartMessageMoveTaskInput{SourceArn: &src, DestinationArn: &dst})
 	if err != nil {
-		return 0, fmt.Errorf("sqstransport: redrive: start message move task: %w", err)
+		return 0, false, fmt.Errorf("sqstransport: redrive: start message move task: %w", err)
 	}
 	handle := aws.ToString(start.TaskHandle)
+	failedPolls := 0
 	for {
 		out, err := c.ListMessageMoveTasks(ctx, &sqs.ListMessageMoveTasksInput{SourceArn: &src, MaxResults: aws.Int32(10)})
-		if err != nil {
-			return 0, fmt.Errorf("sqstransport: redrive: list message move tasks: %w", err)
-		}
-		var task *types.ListMessageMoveTasksResultEntry
-		for i := range out.Results {
-			if aws.ToString(out.Results[i].TaskHandle) == handle {
-				task = &out.Results[i]
+		switch {
+		case ctx.Err() != nil:
+			return cancelMoveTask(ctx, c, handle, moved, ctx.Err())
+		case err != nil:
+			if failedPolls++; failedPolls == movePollTries {
+				return cancelMoveTask(ctx, c, handle, moved, fmt.Errorf("list message move tasks: %w", err))
 			}
-		}
-		if task == nil && len(out.Results) > 0 {
-			// Finished tasks may be listed without their handle: the
-			// most recent task of this source is ours.
-			task = &out.Results[0]
-		}
-		if task != nil {
-			n := int(task.ApproximateNumberOfMessagesMoved)
-			switch aws.ToString(task.Status) {
-			case "COMPLETED":
-				return n, nil
-			case "FAILED", "CANCELLED":
-				return n, fmt.Errorf("sqstransport: redrive: message move task %s: %s", aws.ToString(task.Status), aws.ToString(task.FailureReason))
+		default:
+			failedPolls = 0
+			if task := ourTask(out.Results, handle); task != nil {
+				moved = int(task.ApproximateNumberOfMessagesMoved)
+				switch aws.ToString(task.Status) {
+				case "COMPLETED":
+					return moved, true, nil
+				case "FAILED", "CANCELLED":
+					return moved, true, fmt.Errorf("sqstransport: redrive: message move task %s: %s", aws.ToString(task.Status), aws.ToString(task.FailureReason))
+				}
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// movePollTries is how many polls of a move task in a row may fail (each
+// already retried by the SDK) before Redrive stops waiting for it.
+const movePollTries = 5
+
+// ourTask is the task of handle among a source's listed tasks. Finished
+// tasks may be listed without their handle: the most recent is then ours.
+func ourTask(tasks []types.ListMessageMoveTasksResultEntry, handle string) *types.ListMessageMoveTasksResultEntry {
+	for i := range tasks {
+		if aws.ToString(tasks[i].TaskHandle) == handle {
+			return &tasks[i]
+		}
+	}
+	if len(tasks) > 0 {
+		return &tasks[0]
+	}
+	return nil
+}
+
+// cancelMoveTask cancels the move task Redrive stops waiting for because
+// of why, on a context of its own (ctx may be what ended), and returns
+// what it had moved by then: the cancel's count, else the last poll's.
+func cancelMoveTask(ctx context.Context, c *sqs.Client, handle string, moved int, why error) (int, bool, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	out, err := c.CancelMessageMoveTask(cctx, &sqs.CancelMessageMoveTaskInput{TaskHandle: &handle})
+	if err != nil {
+		return moved, true, fmt.Errorf("sqstransport: redrive: stopped waiting for message move task %s (%w), and cancelling it failed, so it may still be moving messages: %v", handle, why, err)
+	}
+	return int(out.ApproximateNumberOfMessagesMoved), true, fmt.Errorf("sqstransport: redrive: message move task cancelled after %d moved: %w", out.ApproximateNumberOfMessagesMoved, why)
 }
 
 // unsupported reports whether err says the server does not implement the
