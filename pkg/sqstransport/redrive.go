@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -228,6 +229,7 @@ func queueDepth(ctx context.Context, c *sqs.Client, url string) (int, error) {
 func redriveManually(ctx context.Context, c *sqs.Client, dlqURL, destURL string, max int) (int, error) {
 	moved := 0
 	var errs []error
+	sent := map[string]bool{} // SQS MessageIds of the copies sent to destURL
 	for moved < max && len(errs) < 5 {
 		out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 			QueueUrl:              &dlqURL,
@@ -242,8 +244,15 @@ func redriveManually(ctx context.Context, c *sqs.Client, dlqURL, destURL string,
 		if len(out.Messages) == 0 {
 			break // drained (or the rest is in flight elsewhere)
 		}
-		entries := make([]types.SendMessageBatchRequestEntry, len(out.Messages))
-		for i, m := range out.Messages {
+		// A copy this redrive sent that its consumer parked again (it is
+		// still poison) is left in the DLQ, uncounted, however often it is
+		// received: sent back, it would bounce, and take the place of a
+		// message the DLQ held at the start.
+		msgs := slices.DeleteFunc(out.Messages, func(m types.Message) bool {
+			return sent[aws.ToString(m.MessageAttributes["park_source_message_id"].StringValue)]
+		})
+		entries := make([]types.SendMessageBatchRequestEntry, len(msgs))
+		for i, m := range msgs {
 			attrs := make(map[string]types.MessageAttributeValue, len(m.MessageAttributes))
 			for k, v := range m.MessageAttributes {
 				if !strings.HasPrefix(k, ParkAttributePrefix) {
@@ -255,7 +264,7 @@ func redriveManually(ctx context.Context, c *sqs.Client, dlqURL, destURL string,
 		// Batches that fit a request: one receive of large messages can
 		// hold more bytes than one SendMessageBatch may carry.
 		for _, batch := range inBatches(entries, entrySize) {
-			n, failed, err := resend(ctx, c, dlqURL, destURL, batch, out.Messages)
+			n, failed, err := resend(ctx, c, dlqURL, destURL, batch, msgs, sent)
 			moved += n
 			errs = append(errs, failed...)
 			if err != nil {
@@ -272,11 +281,14 @@ func redriveManually(ctx context.Context, c *sqs.Client, dlqURL, destURL string,
 // resend sends batch (entries whose Id is the index of their message in
 // received) to destURL, then deletes from dlqURL the messages it accepted.
 // It returns how many it deleted, the entries that failed, and an error
-// that ends the redrive.
-func resend(ctx context.Context, c *sqs.Client, dlqURL, destURL string, batch []types.SendMessageBatchRequestEntry, received []types.Message) (int, []error, error) {
+// that ends the redrive; ids gets the MessageIds of the copies sent.
+func resend(ctx context.Context, c *sqs.Client, dlqURL, destURL string, batch []types.SendMessageBatchRequestEntry, received []types.Message, ids map[string]bool) (int, []error, error) {
 	sent, err := c.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &destURL, Entries: batch})
 	if err != nil {
 		return 0, nil, fmt.Errorf("sqstransport: redrive: send to %s: %w", queueName(destURL), err)
+	}
+	for _, s := range sent.Successful {
+		ids[aws.ToString(s.MessageId)] = true
 	}
 	var errs []error
 	for _, f := range sent.Failed {
