@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"context"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -51,11 +50,7 @@ func TestAChargeLeftProcessingIsRecordedOnceStripeSaysItSucceeded(t *testing.T) 
 		t.Fatalf("while processing: %d %s, want 502 (retry)", r.status, r.body)
 	}
 	settled.Store(true)
-	time.Sleep(lease + 100*time.Millisecond)
-	n, err := e.keys.Resume(context.Background(), time.Hour, e.srv.Resume)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := e.resumeAfter(t, lease)
 	if c := e.count(`SELECT count(*) FROM payments WHERE status = 'SUCCEEDED' AND provider_ref = 'pi_3Pending'`); n != 1 || c != 1 {
 		t.Fatalf("Resume finished %d, %d payments; want the charge that went through recorded", n, c)
 	}

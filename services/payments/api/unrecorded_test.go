@@ -35,6 +35,18 @@ CREATE TRIGGER fail_payments BEFORE `+op+` ON payments FOR EACH ROW EXECUTE FUNC
 	}
 }
 
+// resumeAfter runs Resume once the lease of the client's attempt has run
+// out, and returns how many operations it finished.
+func (e *env) resumeAfter(t *testing.T, lease time.Duration) int {
+	t.Helper()
+	time.Sleep(lease + 200*time.Millisecond)
+	n, err := e.keys.Resume(context.Background(), time.Hour, e.srv.Resume)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // Stripe charged the card, then the commit of the payment failed. The
 // client got a 500 and may never retry: the key is marked for Resume,
 // which records the charge (Stripe answers its repeat from the first
@@ -53,11 +65,7 @@ func TestAChargeWhoseCommitFailedIsRecordedByResume(t *testing.T) {
 	if d := r.errorDetail(t); d.Message != "internal error; retry with the same Idempotency-Key" {
 		t.Errorf("client was told %q", d.Message)
 	}
-	time.Sleep(lease + 200*time.Millisecond)
-	n, err := e.keys.Resume(context.Background(), time.Hour, e.srv.Resume)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := e.resumeAfter(t, lease)
 	if c := e.count(`SELECT count(*) FROM payments WHERE status = 'SUCCEEDED'`); n != 1 || c != 1 {
 		t.Fatalf("Resume finished %d, %d payments; want the charge Stripe made recorded", n, c)
 	}
@@ -81,11 +89,7 @@ func TestARefundWhoseCommitFailedIsRecordedByResume(t *testing.T) {
 	if r.status != http.StatusInternalServerError {
 		t.Fatalf("client got %d %s, want 500", r.status, r.body)
 	}
-	time.Sleep(lease + 200*time.Millisecond)
-	n, err := e.keys.Resume(context.Background(), time.Hour, e.srv.Resume)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := e.resumeAfter(t, lease)
 	if c := e.count(`SELECT count(*) FROM payments WHERE status = 'REFUNDED'`); n != 1 || c != 1 {
 		t.Fatalf("Resume finished %d, %d refunded payments; want the refund Stripe made recorded", n, c)
 	}
