@@ -8,10 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/errs"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
@@ -62,15 +58,7 @@ func TestABatchPanicFailsOnlyTheMessageThatPanics(t *testing.T) {
 	c := testenv.SQS(t)
 	q, dlq := testenv.Queue(t, c, 5, 30*time.Second)
 	innocent, poison := newEvent(t, 1), newEvent(t, 2)
-	ib, _ := innocent.Marshal()
-	pb, _ := poison.Marshal()
-	entries := []types.SendMessageBatchRequestEntry{
-		{Id: aws.String("0"), MessageBody: aws.String(string(ib))},
-		{Id: aws.String("1"), MessageBody: aws.String(string(pb))},
-	}
-	if _, err := c.SendMessageBatch(context.Background(), &sqs.SendMessageBatchInput{QueueUrl: aws.String(q), Entries: entries}); err != nil {
-		t.Fatal(err)
-	}
+	sendTogether(t, c, q, innocent, poison)
 	var mu sync.Mutex
 	applied := map[string]int{}
 	together := false // a call held both messages
@@ -107,6 +95,8 @@ func TestABatchPanicFailsOnlyTheMessageThatPanics(t *testing.T) {
 	if !together {
 		t.Skip("SQS delivered the two messages in separate receives: nothing to show")
 	}
+	ib, _ := innocent.Marshal() // the DLQ's reasons are keyed by body
+	pb, _ := poison.Marshal()
 	if r, ok := reasons[string(ib)]; ok || applied[innocent.EventID.String()] != 1 {
 		t.Fatalf("innocent message applied %d times (want 1) and parked: %v (reason %q)",
 			applied[innocent.EventID.String()], ok, r)

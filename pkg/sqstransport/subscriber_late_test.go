@@ -6,10 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
@@ -28,17 +24,7 @@ func TestABatchPastItsDeadlineHandsItsMessagesOverOneAtATime(t *testing.T) {
 	q, _ := testenv.Queue(t, c, 5, 30*time.Second)
 	evs := []events.Envelope{newEvent(t, 1), newEvent(t, 2), newEvent(t, 3)}
 	hung := evs[1].EventID
-	var entries []types.SendMessageBatchRequestEntry
-	for i, e := range evs {
-		b, err := e.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		entries = append(entries, types.SendMessageBatchRequestEntry{Id: aws.String(string(rune('a' + i))), MessageBody: aws.String(string(b))})
-	}
-	if _, err := c.SendMessageBatch(context.Background(), &sqs.SendMessageBatchInput{QueueUrl: aws.String(q), Entries: entries}); err != nil {
-		t.Fatal(err)
-	}
+	sendTogether(t, c, q, evs...)
 
 	var mu sync.Mutex
 	var sizes []int

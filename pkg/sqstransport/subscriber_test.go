@@ -98,6 +98,23 @@ func send(t testing.TB, c *sqs.Client, q string, e events.Envelope) {
 	sendRaw(t, c, q, string(body), map[string]string{"event_id": e.EventID.String(), "event_type": e.EventType})
 }
 
+// sendTogether sends evs in one SendMessageBatch, so that a batch
+// subscriber's first receive normally holds them all.
+func sendTogether(t testing.TB, c *sqs.Client, q string, evs ...events.Envelope) {
+	t.Helper()
+	entries := make([]types.SendMessageBatchRequestEntry, len(evs))
+	for i, e := range evs {
+		b, err := e.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(string(b))}
+	}
+	if _, err := c.SendMessageBatch(context.Background(), &sqs.SendMessageBatchInput{QueueUrl: aws.String(q), Entries: entries}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // depth is what SQS reports: messages visible, and received but not deleted.
 func depth(t testing.TB, c *sqs.Client, q string) (visible, inflight int) {
 	t.Helper()
