@@ -22,6 +22,11 @@ import (
 // them: a redriven copy is a fresh attempt, not a parked one.
 const ParkAttributePrefix = "park_"
 
+// parkSourceMessageID is the attribute in which park names the SQS
+// MessageId of the copy it parked; Redrive reads it to tell a copy it sent
+// itself, parked again, from a message the DLQ held at the start.
+const parkSourceMessageID = ParkAttributePrefix + "source_message_id"
+
 // Redrive moves messages from the dead-letter queue dlqURL back to destURL
 // and returns how many it moved. Each moved copy gets a new SQS MessageId
 // and keeps its body, so its event_id, the dedupe key, is unchanged: a copy
@@ -249,7 +254,7 @@ func redriveManually(ctx context.Context, c *sqs.Client, dlqURL, destURL string,
 		// received: sent back, it would bounce, and take the place of a
 		// message the DLQ held at the start.
 		msgs := slices.DeleteFunc(out.Messages, func(m types.Message) bool {
-			return sent[aws.ToString(m.MessageAttributes["park_source_message_id"].StringValue)]
+			return sent[aws.ToString(m.MessageAttributes[parkSourceMessageID].StringValue)]
 		})
 		entries := make([]types.SendMessageBatchRequestEntry, len(msgs))
 		for i, m := range msgs {

@@ -555,7 +555,7 @@ func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind
 	reason := attributeText(cause.Error(), 1000)
 	attrs["park_reason"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(kind + ": " + reason)}
 	attrs["park_source_queue"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(queueName(s.cfg.QueueURL))}
-	attrs["park_source_message_id"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(d.SQSMessageID)}
+	attrs[parkSourceMessageID] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(d.SQSMessageID)}
 	body := aws.ToString(m.Body)
 	if body == "" {
 		body = "(empty body)" // SQS refuses empty bodies; the reason says what happened
