@@ -102,7 +102,7 @@ func moveTask(ctx context.Context, c *sqs.Client, dlqURL, destURL string) (moved
 	for {
 		out, err := c.ListMessageMoveTasks(ctx, &sqs.ListMessageMoveTasksInput{SourceArn: &src, MaxResults: aws.Int32(10)})
 		switch {
-		case ctx.Err() != nil:
+		case ctx.Err() != nil: // ended during the poll
 			return cancelMoveTask(ctx, c, handle, moved, ctx.Err())
 		case err != nil:
 			if failedPolls++; failedPolls == movePollTries {
@@ -122,6 +122,7 @@ func moveTask(ctx context.Context, c *sqs.Client, dlqURL, destURL string) (moved
 		}
 		select {
 		case <-ctx.Done():
+			return cancelMoveTask(ctx, c, handle, moved, ctx.Err())
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
