@@ -99,3 +99,39 @@ func rowsOf(t *testing.T, s *stack, q string) [][]string {
 	}
 	return out
 }
+
+// A wallet whose credits in one receive add up past what a bigint holds:
+// the batch path must not wrap the sum in Go and commit a negative
+// balance. One at a time, PostgreSQL refuses the credit that overflows; the
+// batch falls back to that, so the first credit lands, the second fails,
+// and the wallet equals the credits committed. (Reachable once
+// REWARDS_MAX_RATE_BP is raised towards its 10000 ceiling: nothing else
+// bounds a payment's amount.)
+func TestBatchOfCreditsPastABigintFallsBackAndTheWalletEqualsItsCredits(t *testing.T) {
+	t.Parallel()
+	s := start(t, options{noWorkers: true})
+	ctx := context.Background()
+	if _, err := s.pool.Exec(ctx, `INSERT INTO cashback_rates (effective_from, rate_bp) VALUES ('1971-01-01Z', 10000)`); err != nil {
+		t.Fatal(err)
+	}
+	const big = int64(1) << 62
+	receive := []events.Envelope{paid(t, "pay_big1", "u_big", big, 1), paid(t, "pay_big2", "u_big", big, 1)}
+	ds := make([]sqstransport.Delivery, len(receive))
+	for i, e := range receive {
+		ds[i] = sqstransport.Delivery{Envelope: e}
+	}
+	errs := s.app.Processor.HandleBatchDeliveries(ctx, ds)
+	if errs[0] != nil || errs[1] == nil {
+		t.Errorf("errors %v: want the first credit applied and the second, past a bigint, failed", errs)
+	}
+	var balance, credits int64
+	var credited string
+	if err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT balance_paise FROM wallets WHERE user_id = 'u_big'), 0),
+		(SELECT count(*) FROM cashback_credits WHERE user_id = 'u_big'),
+		(SELECT coalesce(sum(amount_paise), 0)::text FROM cashback_credits WHERE user_id = 'u_big' AND status = 'CREDITED')`).Scan(&balance, &credits, &credited); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(balance) != credited || credits != 1 {
+		t.Errorf("wallet balance %d, %d credits committed summing to %s; want one credit of %d and the wallet equal to it", balance, credits, credited, big)
+	}
+}

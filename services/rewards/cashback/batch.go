@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -196,7 +195,6 @@ func writeCredits(ctx context.Context, tx pgx.Tx, credits []newCredit) error {
 		ids                     = make([][16]byte, n) // not uuid.UUID: see recordPayments
 		at                      = make([]time.Time, n)
 	)
-	wallet := map[string]int64{}
 	b := &pgx.Batch{}
 	for i, c := range credits {
 		f := c.item.eff
@@ -206,12 +204,6 @@ func writeCredits(ctx context.Context, tx pgx.Tx, credits []newCredit) error {
 		pays[i], users[i], recipients[i] = f.pay.PaymentID, f.pay.UserID, f.pay.Recipient()
 		paid[i], amounts[i], versions[i] = f.pay.AmountPaise, c.amount, f.e.AggregateVersion
 		rates[i], ids[i], at[i] = int32(c.rate), f.e.EventID, f.e.OccurredAt
-		wallet[f.pay.UserID] += c.amount
-	}
-	walletUsers := slices.Sorted(maps.Keys(wallet))
-	deltas := make([]int64, len(walletUsers))
-	for i, u := range walletUsers {
-		deltas[i] = wallet[u]
 	}
 	b.Queue(`INSERT INTO cashback_credits
 		(payment_id, user_id, recipient, payment_amount_paise, currency, rate_bp, amount_paise, event_id, payment_version, occurred_at)
@@ -221,10 +213,15 @@ func writeCredits(ctx context.Context, tx pgx.Tx, credits []newCredit) error {
 		ORDER BY n
 		ON CONFLICT (payment_id) DO NOTHING`,
 		pays, users, recipients, paid, terms.Currency, rates, amounts, ids, versions, at)
+	// PostgreSQL sums each user's credits, not Go: sum()::int8 refuses a
+	// total past a bigint, as one event at a time does, where an int64
+	// would wrap and commit it. Users in byte order (COLLATE "C"): the
+	// order every batch locks wallets in.
 	b.Queue(`INSERT INTO wallets (user_id, balance_paise)
-		SELECT u, d FROM unnest($1::text[], $2::int8[]) WITH ORDINALITY AS t(u, d, n) ORDER BY n
+		SELECT u, sum(a)::int8 FROM unnest($1::text[], $2::int8[]) AS t(u, a)
+		GROUP BY u ORDER BY u COLLATE "C"
 		ON CONFLICT (user_id) DO UPDATE SET balance_paise = wallets.balance_paise + EXCLUDED.balance_paise, updated_at = now()`,
-		walletUsers, deltas)
+		users, amounts)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	for range n {
