@@ -19,7 +19,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -69,30 +68,41 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(dbURL, "database-url", *dbURL, "PostgreSQL URL of the service's database")
 	consumer := fs.String("consumer", "", "consumer name (the inbox's owner, e.g. notifications)")
 
-	var exec func(ctx context.Context, conn *pgx.Conn) error
+	// Each verb's prepare runs after its flags are parsed and before any
+	// connection: a bad argument is exit 2 even while the database is down.
+	var prepare func() (func(ctx context.Context, conn *pgx.Conn) error, error)
 	switch cmd {
 	case "failed":
 		eventType := fs.String("event-type", "", "only rows of this event type")
-		limit := fs.Int("limit", 50, "at most this many rows")
-		exec = func(ctx context.Context, conn *pgx.Conn) error {
-			return failed(ctx, conn, stdout, idempotent.FailedFilter{Consumer: *consumer, EventType: *eventType, Limit: *limit})
+		limit := fs.Int("limit", 50, "at most this many rows (at least 1)")
+		prepare = func() (func(ctx context.Context, conn *pgx.Conn) error, error) {
+			if *limit < 1 {
+				return nil, fmt.Errorf("-limit %d: want at least 1", *limit)
+			}
+			f := idempotent.FailedFilter{Consumer: *consumer, EventType: *eventType, Limit: *limit}
+			return func(ctx context.Context, conn *pgx.Conn) error { return failed(ctx, conn, stdout, f) }, nil
 		}
 	case "replay":
 		id := fs.String("id", "", "event id of the FAILED row to replay")
 		eventType := fs.String("event-type", "", "replay the consumer's FAILED rows of this event type")
 		all := fs.Bool("all-failed", false, "replay every FAILED row of the consumer")
-		exec = func(ctx context.Context, conn *pgx.Conn) error {
+		prepare = func() (func(ctx context.Context, conn *pgx.Conn) error, error) {
 			f := idempotent.ReplayFilter{Consumer: *consumer, EventType: *eventType, AllFailed: *all}
 			if *id != "" {
 				var err error
 				if f.EventID, err = uuid.Parse(*id); err != nil {
-					return usageError{fmt.Sprintf("-id %q is not a UUID", *id)}
+					return nil, fmt.Errorf("-id %q is not a UUID", *id)
 				}
 			}
-			return replay(ctx, conn, stdout, f)
+			if err := f.Validate(); err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context, conn *pgx.Conn) error { return replay(ctx, conn, stdout, f) }, nil
 		}
 	case "backlog":
-		exec = func(ctx context.Context, conn *pgx.Conn) error { return backlog(ctx, conn, stdout, *consumer) }
+		prepare = func() (func(ctx context.Context, conn *pgx.Conn) error, error) {
+			return func(ctx context.Context, conn *pgx.Conn) error { return backlog(ctx, conn, stdout, *consumer) }, nil
+		}
 	default:
 		fmt.Fprintf(stderr, "inboxctl: unknown command %q\n%s", cmd, usage)
 		return 2
@@ -102,6 +112,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "inboxctl %s: unexpected arguments %q\n", cmd, fs.Args())
+		return 2
+	}
+	exec, err := prepare()
+	if err != nil {
+		fmt.Fprintf(stderr, "inboxctl %s: %v\n", cmd, err)
 		return 2
 	}
 	if *dbURL == "" {
@@ -118,18 +133,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer conn.Close(context.WithoutCancel(ctx))
 	if err := exec(ctx, conn); err != nil {
 		fmt.Fprintf(stderr, "inboxctl %s: %v\n", cmd, err)
-		var ue usageError
-		if errors.As(err, &ue) || errors.Is(err, idempotent.ErrReplayFilter) {
-			return 2
-		}
 		return 1
 	}
 	return 0
 }
-
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
 
 func failed(ctx context.Context, q idempotent.Querier, w io.Writer, f idempotent.FailedFilter) error {
 	rows, err := idempotent.ListFailed(ctx, q, f)

@@ -144,3 +144,26 @@ func tableHasLine(table, first string, fields ...string) bool {
 	}
 	return false
 }
+
+// Bad arguments are usage errors (exit 2) found before any connection is
+// made, so an operator learns of a typo even when the database is down, and
+// a wrong -limit is not quietly replaced. The database here is unreachable:
+// a command that connected first would answer 1 ("connect: ...").
+func TestBadArgumentsExitTwoBeforeConnecting(t *testing.T) {
+	const unreachable = "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=2"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"replay", "-id", "not-a-uuid"}, "not a UUID"},
+		{[]string{"replay", "-consumer", "notifications"}, "replay needs"}, // names nothing
+		{[]string{"replay"}, "replay needs"},
+		{[]string{"failed", "-limit", "-5"}, "-limit"},
+		{[]string{"failed", "-limit", "0"}, "-limit"},
+	} {
+		code, _, errOut := inboxctl(t, append([]string{"-database-url", unreachable}, c.args...)...)
+		if code != 2 || strings.Contains(errOut, "connect") || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 saying %q, without connecting", c.args, code, strings.TrimSpace(errOut), c.want)
+		}
+	}
+}

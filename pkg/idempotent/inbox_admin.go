@@ -121,8 +121,19 @@ type ReplayFilter struct {
 	AllFailed bool
 }
 
-// ErrReplayFilter is returned by Replay for a filter that names nothing.
+// ErrReplayFilter is returned by Replay (and Validate) for a filter that
+// names nothing.
 var ErrReplayFilter = errors.New("idempotent: replay needs an event id, or a consumer with an event type or AllFailed")
+
+// Validate returns ErrReplayFilter unless f names rows: an event id, or a
+// consumer with an event type or AllFailed. Replay calls it; a tool can call
+// it first, to refuse a bad filter before it connects.
+func (f ReplayFilter) Validate() error {
+	if f.EventID != uuid.Nil || (f.Consumer != "" && (f.EventType != "" || f.AllFailed)) {
+		return nil
+	}
+	return ErrReplayFilter
+}
 
 // ReplayedRow names a row Replay returned to PENDING.
 type ReplayedRow struct {
@@ -142,12 +153,11 @@ func Replay(ctx context.Context, q Querier, f ReplayFilter) ([]ReplayedRow, erro
 		args = append(args, v)
 		conds = append(conds, fmt.Sprintf(cond, len(args)))
 	}
-	switch {
-	case f.EventID != uuid.Nil:
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	if f.EventID != uuid.Nil {
 		add("message_id = $%d", f.EventID)
-	case f.Consumer != "" && (f.EventType != "" || f.AllFailed):
-	default:
-		return nil, ErrReplayFilter
 	}
 	if f.Consumer != "" {
 		add("consumer = $%d", f.Consumer)
