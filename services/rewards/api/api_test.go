@@ -154,3 +154,41 @@ func TestARateStartingAfterYear9999IsRefusedAndTheRatesStillList(t *testing.T) {
 		t.Errorf("GET the rates: %d %q, want 200 and the seeded rate alone", code, body)
 	}
 }
+
+// The API answers times in UTC, whatever the host's zone. pgx scans a
+// timestamptz in the process's zone: on a host east of UTC (TZ=Asia/Kolkata,
+// as a rupee system may well run), a rate accepted for 9999-12-31T23:00Z, or
+// a credit whose event occurred then, is in year 10000 there, which JSON
+// cannot encode, and every GET of the rates (or of that wallet) answered 500
+// until someone deleted the row by hand. The zone is set before anything
+// starts and restored after everything stopped (cleanups run last-in,
+// first-out), so no goroutine reads time.Local while it changes.
+func TestTimesAreAnsweredInUTCOnAHostEastOfUTC(t *testing.T) {
+	local := time.Local
+	t.Cleanup(func() { time.Local = local })
+	time.Local = time.FixedZone("IST", 5*3600+1800)
+	r, pool, _ := newAPI(t)
+	code, body := call(r, http.MethodPost, "/v1/cashback-rates", `{"rate_bp":300,"effective_from":"9999-12-31T23:00:00Z"}`)
+	if code != http.StatusCreated || !strings.Contains(body, `"9999-12-31T23:00:00Z"`) {
+		t.Fatalf("POST a rate in the last hour of 9999 UTC: %d %s, want 201 answering it in UTC", code, body)
+	}
+	code, body = call(r, http.MethodGet, "/v1/cashback-rates", "")
+	var rates struct {
+		Rates []cashback.Rate `json:"rates"`
+	}
+	if err := json.Unmarshal([]byte(body), &rates); code != http.StatusOK || err != nil || len(rates.Rates) != 2 ||
+		!strings.Contains(body, `"9999-12-31T23:00:00Z"`) {
+		t.Errorf("GET the rates: %d %q (%v), want 200 with both rates, in UTC", code, body, err)
+	}
+	if _, err := pool.Exec(context.Background(), `INSERT INTO cashback_credits
+		(payment_id, user_id, recipient, payment_amount_paise, currency, rate_bp, amount_paise, event_id, payment_version, occurred_at)
+		VALUES ('pay_late', 'u_late', 'u_late', 10000, 'INR', 200, 200, gen_random_uuid(), 1, '9999-12-31T23:00:00Z');
+		INSERT INTO wallets (user_id, balance_paise) VALUES ('u_late', 200)`); err != nil {
+		t.Fatal(err)
+	}
+	code, body = call(r, http.MethodGet, "/v1/wallets/u_late", "")
+	if code != http.StatusOK || !strings.Contains(body, `"occurred_at":"9999-12-31T23:00:00Z"`) || !strings.Contains(body, `"credited_at":"`) ||
+		strings.Contains(body, "+05:30") {
+		t.Errorf("GET the wallet: %d %s, want 200 with its credit's times in UTC", code, body)
+	}
+}

@@ -37,13 +37,19 @@ func RateAt(ctx context.Context, q pgx.Tx, t time.Time) (int, error) {
 	return bp, err
 }
 
-// Rates lists the rate history, oldest first.
+// Rates lists the rate history, oldest first, in UTC: pgx scans a time in
+// the process's zone, where a rate AddRate accepted (before the end of year
+// 9999 UTC) may be in year 10000, which JSON cannot carry.
 func Rates(ctx context.Context, pool *pgxpool.Pool) ([]Rate, error) {
 	rows, err := pool.Query(ctx, `SELECT effective_from, rate_bp, coalesce(created_by, '') FROM cashback_rates ORDER BY effective_from`)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[Rate])
+	rates, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Rate])
+	for i := range rates {
+		rates[i].EffectiveFrom = rates[i].EffectiveFrom.UTC()
+	}
+	return rates, err
 }
 
 // ErrRetroactiveRate refuses a rate that would take effect too soon: in

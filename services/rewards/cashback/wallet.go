@@ -50,7 +50,9 @@ type CreditView struct {
 	ReversalEventID    *uuid.UUID `json:"reversal_event_id,omitempty"`
 }
 
-// LoadWallet reads a user's balance and one page of credits. A user never
+// LoadWallet reads a user's balance and one page of credits, their times
+// in UTC (pgx scans them in the process's zone, where the last hours of
+// year 9999 UTC may be year 10000, which JSON cannot carry). A user never
 // credited has a wallet of balance 0 and no credits (found = false): every
 // user has a wallet, it just has no row until the first credit.
 func LoadWallet(ctx context.Context, pool *pgxpool.Pool, userID string, page Page) (w Wallet, found bool, err error) {
@@ -84,6 +86,13 @@ func LoadWallet(ctx context.Context, pool *pgxpool.Pool, userID string, page Pag
 	if len(credits) > page.Limit {
 		credits = credits[:page.Limit]
 		w.NextBefore = credits[len(credits)-1].ID
+	}
+	for i := range credits {
+		c := &credits[i]
+		c.OccurredAt, c.CreditedAt = c.OccurredAt.UTC(), c.CreditedAt.UTC()
+		if c.ReversedAt != nil {
+			*c.ReversedAt = c.ReversedAt.UTC()
+		}
 	}
 	if len(credits) > 0 {
 		w.Credits, found = credits, true
