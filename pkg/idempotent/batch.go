@@ -56,7 +56,8 @@ func (f *ItemError) Unwrap() error { return f.Err }
 // Effect (an *ItemError names the item to fail instead of re-running it).
 // A panic in it is recovered and treated as an error that names no item.
 // Each item's context is items[i].Ctx, for a trace span or an outbox row's
-// trace context. Like an Effect, it must not commit or roll back tx.
+// trace context. Like an Effect's, its tx is lent: Commit and Rollback
+// return ErrTxOwned.
 type BatchEffect func(ctx context.Context, tx pgx.Tx, fresh []int) error
 
 // HandleBatch is Handle for up to a receive's worth of messages at once: one
@@ -168,7 +169,7 @@ func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs [
 			delete(fresh, id)
 			if apply != nil {
 				toApply = append(toApply, i)
-			} else if err := c.run(items[i].ctx(ctx), items[i].Msg, func() error { return items[i].Effect(items[i].ctx(ctx), tx) }); err != nil {
+			} else if err := c.run(items[i].ctx(ctx), items[i].Msg, func() error { return items[i].Effect(items[i].ctx(ctx), lentTx{tx}) }); err != nil {
 				return Failed, &ItemError{Index: i, Err: err}
 			}
 			decided[k] = Applied
@@ -190,7 +191,7 @@ func (c *Consumer) batchTx(ctx context.Context, items []Item, live []int, outs [
 	}
 	if len(toApply) > 0 {
 		// A panic in apply names no item: all of them fall back.
-		if err := c.run(ctx, Message{}, func() error { return apply(ctx, tx, toApply) }); err != nil {
+		if err := c.run(ctx, Message{}, func() error { return apply(ctx, lentTx{tx}, toApply) }); err != nil {
 			var f *ItemError
 			if errors.As(err, &f) && !slices.Contains(toApply, f.Index) {
 				// Not an item it was given: fail none, fall back for all.

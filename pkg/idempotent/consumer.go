@@ -74,7 +74,9 @@ func MessageOf(e events.Envelope) Message {
 // Effect is the work a message does. It must touch nothing but tx: it can
 // run more than once (a serialization failure retries the transaction; a
 // redelivery after a rollback runs it again), and only what it does through
-// tx is undone when that happens.
+// tx is undone when that happens. tx is lent: the consumer commits it with
+// the dedupe record, so its Commit and Rollback return ErrTxOwned (and the
+// message fails, rolled back); return an error to roll back.
 type Effect func(ctx context.Context, tx pgx.Tx) error
 
 // Consumer deduplicates messages for one named consumer. The name scopes
@@ -222,7 +224,7 @@ func (c *Consumer) handle(ctx context.Context, msg Message, effect Effect) (Outc
 			}
 			return Duplicate, nil
 		}
-		if err := c.run(ctx, msg, func() error { return effect(ctx, tx) }); err != nil {
+		if err := c.run(ctx, msg, func() error { return effect(ctx, lentTx{tx}) }); err != nil {
 			return Failed, err
 		}
 		if err := tx.Commit(ctx); err != nil {

@@ -674,10 +674,14 @@ func (p *Processor) call(ctx context.Context, tx pgx.Tx, r *claimedRow) (err err
 // handler's own) works as usual.
 type lentTx struct{ pgx.Tx }
 
-var errTxOwned = errors.New("idempotent: the inbox processor owns this transaction; return an error to roll back")
+// ErrTxOwned is what Commit and Rollback return on the transaction an
+// Effect, a BatchEffect or an inbox Handler is lent: the consumer (or the
+// processor) commits it with the dedupe record, or rolls it back when the
+// effect returns an error. The message fails, rolled back.
+var ErrTxOwned = errors.New("idempotent: the consumer owns this transaction; return an error to roll back")
 
-func (lentTx) Commit(context.Context) error   { return errTxOwned }
-func (lentTx) Rollback(context.Context) error { return errTxOwned }
+func (lentTx) Commit(context.Context) error   { return ErrTxOwned }
+func (lentTx) Rollback(context.Context) error { return ErrTxOwned }
 
 // record writes every outcome of the batch in one statement: DONE, back to
 // PENDING with the next backoff, or FAILED with the error text.
