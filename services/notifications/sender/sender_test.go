@@ -3,6 +3,7 @@ package sender_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -532,4 +533,66 @@ func TestProvider5xxIsAnUnknownOutcome(t *testing.T) {
 			t.Errorf("provider saw %d send requests, want 1", n)
 		}
 	})
+}
+
+// A provider that ignores idempotency keys reads a send (and delivers it),
+// then drops the reused keep-alive connection without answering. Under
+// policy skip ("maybe never delivered, never twice") that must cost one
+// provider request and end FAILED "unknown outcome": the sender alone
+// decides on resends. net/http would otherwise replay the POST on a fresh
+// connection by itself, since it carries an Idempotency-Key header, and
+// the key-ignoring provider would deliver the SMS twice, recorded SENT.
+func TestSkipPolicySendsOnceWhenTheProviderDropsTheConnectionAfterAccepting(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var mu sync.Mutex
+	requests := map[string]int{} // per key: what a key-ignoring provider delivers
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		requests[key]++
+		n, keys := requests[key], len(requests)
+		mu.Unlock()
+		if keys == 2 && n == 1 {
+			// The second message's first request: read in full, then the
+			// connection is dropped before any answer.
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			c.Close()
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"message_id":"m_`+key+`"}`)
+	}))
+	t.Cleanup(srv.Close)
+
+	cfg := fast()
+	cfg.Policies = map[string]sender.Policy{compose.KindCashback: sender.PolicySkip}
+	s := e.sender(sms.WithoutLookup(sms.NewHTTPProvider(srv.URL, "", cfg.SendTimeout)), cfg)
+	ctx := context.Background()
+	first := e.intent()
+	if _, err := s.SendOnce(ctx); err != nil { // opens the keep-alive connection
+		t.Fatal(err)
+	}
+	second := e.intent()
+	if _, err := s.SendOnce(ctx); err != nil { // reuses it, and the provider drops it
+		t.Fatal(err)
+	}
+	mu.Lock()
+	n := requests["sms:"+second.EventID.String()]
+	mu.Unlock()
+	if n != 1 {
+		t.Errorf("the provider received the second SMS %d times under policy skip; want 1", n)
+	}
+	if r := e.row(first); r.Status != "SENT" {
+		t.Errorf("first row = %+v; want SENT", r)
+	}
+	if r := e.row(second); r.Status != "FAILED" || deref(r.Reason) != sender.ReasonUnknownOutcome || r.Attempts != 1 {
+		t.Errorf("second row = %+v (reason %s); want FAILED %q after 1 attempt", r, deref(r.Reason), sender.ReasonUnknownOutcome)
+	}
 }

@@ -64,7 +64,9 @@ type messageResponse struct {
 	MessageID string `json:"message_id"`
 }
 
-// Send posts m with its idempotency key.
+// Send posts m with its idempotency key, exactly once: the HTTP client
+// never resends it by itself (after a dropped connection, a redirect), so
+// every copy the provider sees is one the sender chose to send.
 func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 	if m.IdempotencyKey == "" {
 		return Receipt{}, &Error{Rejected, errors.New("no idempotency key")}
@@ -79,6 +81,17 @@ func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", m.IdempotencyKey)
+	// Never replayed by net/http: a POST with an Idempotency-Key header and
+	// a rewindable body (GetBody, set for a bytes.Reader) counts as
+	// replayable, and the transport would send it again by itself on a new
+	// connection when a reused one drops after the request was written. The
+	// provider may have accepted the first copy, and one that ignores keys
+	// would deliver twice, so a dropped connection must reach the sender as
+	// an unknown outcome: the kind's policy (or a lookup) decides whether to
+	// send again. Without GetBody, the transport does not resend it even
+	// when nothing was written: that too reaches the sender, as an unknown
+	// outcome.
+	req.GetBody = nil
 	resp, err := p.do(req)
 	if err != nil {
 		return Receipt{}, transportError(err)
