@@ -32,3 +32,25 @@ func TestValidPhoneAcceptsE164Only(t *testing.T) {
 		}
 	}
 }
+
+// Inside free text, every phone number is masked as MaskPhone masks one,
+// in whatever grouping it is written; short numbers (a status, an IP
+// address, a date) are left readable.
+func TestMaskPhonesMasksEveryNumberInAText(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"error":"invalid destination +919800000017"}`: `{"error":"invalid destination +91******0017"}`,
+		"919800000017 is not reachable":                 "91******0017 is not reachable",
+		"to +91 98000-00017, then +14155552671":         "to +91 *****-*0017, then +14*****2671",
+		"call (980) 000 0017":                           "call (98*) *** 0017",
+		"503 Service Unavailable from 10.100.200.150":   "503 Service Unavailable from 10.100.200.150",
+		"sms_000001 on 2026-12-07":                      "sms_000001 on 2026-12-07",
+		"no number here":                                "no number here",
+	} {
+		if got := contract.MaskPhones(in); got != want {
+			t.Errorf("MaskPhones(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got, want := contract.MaskPhones("+919800000017"), contract.MaskPhone("+919800000017"); got != want {
+		t.Errorf("MaskPhones of a bare recipient = %q, MaskPhone = %q: want them equal", got, want)
+	}
+}

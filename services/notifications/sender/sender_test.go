@@ -479,6 +479,54 @@ func TestLogsMaskTheRecipientsPhoneNumber(t *testing.T) {
 	}
 }
 
+// A provider's answer often repeats the number it was sent to: a 400
+// "invalid destination +91…", or a 201 in a schema the client cannot read.
+// That text reaches the logs and the row (last_error, failure_reason)
+// through the call's error, so it must carry the number masked as the
+// recipient is ("+91******0017"), never whole: the status and the rest of
+// the answer stay, for whoever reads the log.
+func TestAProviderAnswerRepeatingThePhoneNumberReachesLogsAndRowsMasked(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+		want   string // in the log and the row, besides the masked number
+	}{
+		{"rejected", http.StatusBadRequest, `{"error":"invalid destination +919800000017"}`, "400 Bad Request"},
+		{"accepted, unreadable", http.StatusCreated, `{"id":"m1","to":"+919800000017","status":"queued"}`, "accepted with an unreadable answer"},
+		{"bare number", http.StatusBadRequest, `{"error":"919800000017 is not reachable"}`, "is not reachable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := setup(t)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, tc.body)
+			}))
+			t.Cleanup(srv.Close)
+			var logs testenv.Buffer
+			cfg := fast()
+			cfg.Logger = slog.New(service.NewContextHandler(&logs, slog.LevelDebug))
+			s := e.sender(sms.WithoutLookup(sms.NewHTTPProvider(srv.URL, "", cfg.SendTimeout)), cfg)
+			ev := e.intent()
+			if n, err := s.SendOnce(context.Background()); err != nil || n != 1 {
+				t.Fatalf("SendOnce = %d, %v", n, err)
+			}
+			r := e.row(ev)
+			for what, text := range map[string]string{"log": logs.String(), "last_error": deref(r.Last), "failure_reason": deref(r.Reason)} {
+				if strings.Contains(text, "9800000017") {
+					t.Errorf("%s holds the full phone number: %s", what, text)
+				}
+			}
+			for what, text := range map[string]string{"log": logs.String(), "last_error": deref(r.Last)} {
+				if !strings.Contains(text, tc.want) || !strings.Contains(text, "******0017") {
+					t.Errorf("%s lacks %q or the masked number: %s", what, tc.want, text)
+				}
+			}
+		})
+	}
+}
+
 // acceptThenFail is a provider front that passes each send to the dev
 // provider (which stores and delivers it) and then answers 500 anyway, as a
 // provider that fails after accepting does; lookups pass through.

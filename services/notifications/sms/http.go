@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+
+	"github.com/effectively-once/payments-cashback/services/contract"
 )
 
 // HTTPProvider talks to an SMS provider over the dev provider's HTTP API,
@@ -106,7 +108,7 @@ func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 		var mr messageResponse
 		if err := json.Unmarshal(raw, &mr); err != nil || mr.MessageID == "" {
 			// Accepted, but we cannot read the id: the lookup will.
-			return Receipt{}, &Error{Unknown, fmt.Errorf("accepted with an unreadable answer %q", truncate(raw))}
+			return Receipt{}, &Error{Unknown, fmt.Errorf("accepted with an unreadable answer %q", answerText(raw))}
 		}
 		return Receipt{MessageID: mr.MessageID}, nil
 	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusConflict:
@@ -162,7 +164,7 @@ func (p *HTTPProvider) Lookup(ctx context.Context, key string) (Receipt, bool, e
 	case http.StatusOK:
 		var mr messageResponse
 		if err := json.Unmarshal(raw, &mr); err != nil || mr.MessageID == "" {
-			return Receipt{}, false, fmt.Errorf("lookup: unreadable answer %q", truncate(raw))
+			return Receipt{}, false, fmt.Errorf("lookup: unreadable answer %q", answerText(raw))
 		}
 		return Receipt{MessageID: mr.MessageID}, true, nil
 	case http.StatusNotFound:
@@ -187,7 +189,7 @@ func (p *HTTPProvider) do(req *http.Request) (*http.Response, error) {
 type HTTPError struct {
 	Status string // "503 Service Unavailable"
 	Code   int
-	Body   string // truncated
+	Body   string // the answer, phone numbers masked, cut to 300 bytes
 }
 
 func (e *HTTPError) Error() string { return e.Status + ": " + e.Body }
@@ -196,7 +198,7 @@ func (e *HTTPError) Error() string { return e.Status + ": " + e.Body }
 func (e *HTTPError) HTTPStatusCode() int { return e.Code }
 
 func statusError(resp *http.Response, raw []byte) error {
-	return &HTTPError{Status: resp.Status, Code: resp.StatusCode, Body: truncate(raw)}
+	return &HTTPError{Status: resp.Status, Code: resp.StatusCode, Body: answerText(raw)}
 }
 
 func credentialError(resp *http.Response, raw []byte) error {
@@ -214,8 +216,13 @@ func transportError(err error) error {
 	return &Error{Unknown, err}
 }
 
-func truncate(b []byte) string {
-	s := strings.TrimSpace(string(b))
+// answerText is the provider's answer b as it may enter an error (and so
+// the sender's logs and the row's last_error and failure_reason): phone
+// numbers masked (contract.MaskPhones), since a provider's answer often
+// repeats the number it was sent to, then cut to 300 bytes. Every piece of
+// an answer that goes into an error goes through it.
+func answerText(b []byte) string {
+	s := contract.MaskPhones(strings.TrimSpace(string(b)))
 	if len(s) > 300 {
 		s = s[:300] + "…"
 	}

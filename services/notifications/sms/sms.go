@@ -31,6 +31,9 @@ type Receipt struct {
 // an error classified by Classify: Rejected (will never be accepted),
 // Retryable (known not accepted; try again later) or Unknown (it may or
 // may not have been accepted: a timeout, a connection lost mid-request).
+// The sender logs the error and stores its text in the row, so it must
+// not carry a phone number whole: HTTPProvider masks any in the
+// provider's answer (contract.MaskPhones).
 type Provider interface {
 	Send(ctx context.Context, m Message) (Receipt, error)
 }
