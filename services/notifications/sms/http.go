@@ -48,7 +48,7 @@ func NewHTTPProvider(baseURL, apiKey string, timeout time.Duration) *HTTPProvide
 		auth: auth,
 		// otelhttp: a client span per request, and the traceparent header,
 		// so the provider's side of the call joins the payment's trace.
-		client: &http.Client{Timeout: timeout, Transport: otelhttp.NewTransport(&http.Transport{
+		client: &http.Client{Timeout: timeout, CheckRedirect: noRedirects, Transport: otelhttp.NewTransport(&http.Transport{
 			DialContext:           (&net.Dialer{Timeout: min(timeout, 5*time.Second)}).DialContext,
 			ResponseHeaderTimeout: timeout,
 			MaxIdleConnsPerHost:   16,
@@ -56,6 +56,11 @@ func NewHTTPProvider(baseURL, apiKey string, timeout time.Duration) *HTTPProvide
 		})},
 	}
 }
+
+// noRedirects hands a 3xx back to the caller as the answer: a send
+// redirected would reach another URL as a GET (301, 302, 303), whose
+// answer says nothing of the message.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 type sendRequest struct {
 	To   string `json:"to"`
@@ -68,7 +73,11 @@ type messageResponse struct {
 
 // Send posts m with its idempotency key, exactly once: the HTTP client
 // never resends it by itself (after a dropped connection, a redirect), so
-// every copy the provider sees is one the sender chose to send.
+// every copy the provider sees is one the sender chose to send. Any 2xx is
+// accepted (its message id read; an answer without one is Unknown, for
+// the lookup to settle); 409 and 429 are Retryable, as are 401 and 403
+// (ErrCredential); any other 4xx is Rejected; a 5xx, 1xx or 3xx, a
+// timeout or a connection lost after the request was written is Unknown.
 func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 	if m.IdempotencyKey == "" {
 		return Receipt{}, &Error{Rejected, errors.New("no idempotency key")}
@@ -104,7 +113,9 @@ func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 		return Receipt{}, &Error{Unknown, fmt.Errorf("reading the answer: %w", err)}
 	}
 	switch {
-	case resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusCreated:
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		// Every 2xx accepts it: 201 created, 200 a replay of the key, 202
+		// queued for delivery (what many SMS APIs answer).
 		var mr messageResponse
 		if err := json.Unmarshal(raw, &mr); err != nil || mr.MessageID == "" {
 			// Accepted, but we cannot read the id: the lookup will.
@@ -125,8 +136,13 @@ func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 		// timeout, the outcome is unknown: looked up where the provider can
 		// be asked, left to the kind's resend/skip policy where it cannot.
 		return Receipt{}, &Error{Unknown, statusError(resp, raw)}
-	default:
+	case resp.StatusCode >= 400:
 		return Receipt{}, &Error{Rejected, statusError(resp, raw)}
+	default:
+		// A 1xx or 3xx is no answer of this API (redirects are not
+		// followed): it says neither accepted nor refused, so, like a 5xx,
+		// the outcome is unknown.
+		return Receipt{}, &Error{Unknown, statusError(resp, raw)}
 	}
 }
 
