@@ -103,7 +103,8 @@ type Config struct {
 	Concurrency int
 	// PollInterval is the pause when there is nothing due [250ms].
 	PollInterval time.Duration
-	// SendTimeout bounds one provider call (and one lookup) [10s].
+	// SendTimeout bounds one provider call (and one lookup, and one
+	// claim) [10s].
 	SendTimeout time.Duration
 	// Lease is how long a row may stay SENDING before the reconciler treats
 	// its sender as dead [60s]; at least 2×SendTimeout.
@@ -221,8 +222,10 @@ func (s *Sender) PolicyFor(kind string) Policy {
 }
 
 // Run sends and reconciles until ctx is cancelled. Calls in flight when
-// ctx ends are finished (each is bounded by SendTimeout) and recorded, so
-// a clean shutdown leaves no row SENDING. It returns nil on cancellation.
+// ctx ends are finished (each is bounded by SendTimeout) and recorded, and
+// so are those of a claim ctx ended during (the claim is not cancelled
+// with ctx, and bounded by SendTimeout too), so a clean shutdown leaves no
+// row SENDING. It returns nil on cancellation.
 // Its loop is a pkg/worker loop named "sms-sender": each pass waits for a
 // free call slot, claims as many rows as there are free slots and starts
 // their calls without waiting for them; a pass that filled every free slot
@@ -258,7 +261,12 @@ func (s *Sender) Run(ctx context.Context) error {
 			if free == 0 {
 				return 0, false, nil
 			}
+			// The claimed rows are sent even if ctx ended during the claim
+			// (claim: its UPDATE outlives ctx), and awaited by calls.Wait.
 			claimed, err := s.claim(ctx, free)
+			if ctx.Err() != nil {
+				err = nil // shutting down: not a failed pass
+			}
 			slots.Release(free - len(claimed))
 			for _, r := range claimed {
 				calls.Go(func() {
@@ -299,7 +307,9 @@ const returning = `RETURNING id, event_id, kind, recipient, body, idempotency_ke
 
 // SendOnce claims up to Concurrency due PENDING rows, sends them, records
 // the outcomes and returns how many it claimed. Run does the same with
-// its call slots refilled as calls finish.
+// its call slots refilled as calls finish. Once claimed, rows are sent and
+// recorded even if ctx ends meanwhile; if ctx has ended before, nothing is
+// claimed.
 func (s *Sender) SendOnce(ctx context.Context) (int, error) {
 	claimed, err := s.claim(ctx, s.cfg.Concurrency)
 	if err != nil {
@@ -309,13 +319,27 @@ func (s *Sender) SendOnce(ctx context.Context) (int, error) {
 	return len(claimed), nil
 }
 
-// claim moves up to limit due PENDING rows to SENDING under fresh claims.
+// claim moves up to limit due PENDING rows to SENDING under fresh claims,
+// and claims nothing once ctx has ended. The UPDATE itself does not end
+// with ctx: a cancel that reaches the server too late to stop it (the
+// statement done, its commit under way) would leave the rows committed
+// SENDING while claim reports an error, and nobody would send them. It is
+// bounded by SendTimeout instead, so a shutdown waits for it as it waits
+// for a call, and the caller sends whatever it returns, ctx ended or not
+// (a claim and its call then take at most 2×SendTimeout, within the Lease).
+// (A claim still running after SendTimeout is given up; should it commit
+// even so, its rows are the reconciler's after the lease, as after a crash.)
 // A row waits while an older version of its payment is still PENDING or
 // SENDING (rule 5): the reversal's SMS is not sent before the credit's,
 // even when the credit's is backing off or in another sender's hands. A
 // SENT or FAILED row never reopens, so a claim that saw the older row
 // open cannot race past it.
 func (s *Sender) claim(ctx context.Context, limit int) ([]row, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("sender: claim: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.SendTimeout)
+	defer cancel()
 	rows, err := s.pool.Query(ctx, `
 		UPDATE notifications SET status = 'SENDING', attempts = attempts + 1,
 		       claim_id = gen_random_uuid(), sending_since = now(), updated_at = now()
