@@ -48,13 +48,15 @@ import (
 )
 
 // Control is the body of POST /v1/control. Fields left out keep their
-// current value.
+// current value. A body with a value the provider would not apply as
+// asked (a fail_status outside 400-599, a negative count or hang) is
+// refused whole, 400 invalid_field naming the field.
 type Control struct {
 	// FailNext: the next N send requests fail with FailStatus (default
 	// 503) without storing or delivering anything.
 	FailNext *int `json:"fail_next,omitempty"`
-	// FailStatus is the status of injected failures (default 503; a 4xx
-	// such as 400 makes them rejections).
+	// FailStatus is the status of injected failures, 400 to 599 (default
+	// 503; a 4xx such as 400 makes them rejections).
 	FailStatus *int `json:"fail_status,omitempty"`
 	// HangMS makes send requests sleep that long before answering, for the
 	// next HangNext requests (default: 1 when HangMS is set).
@@ -331,22 +333,48 @@ func (s *Server) deliveries(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"deliveries": d, "total": len(d), "requests": requests})
 }
 
-// SetControl applies c as POST /v1/control would.
+// check refuses a Control that would not be applied as asked: a
+// fail_status that is not an error status (400-599), a negative count or
+// hang. The error names the field.
+func (c Control) check() *httpjson.Error {
+	invalid := func(field, format string, args ...any) *httpjson.Error {
+		return httpjson.Invalid("invalid_field", field, format, args...)
+	}
+	switch {
+	case c.FailNext != nil && *c.FailNext < 0:
+		return invalid("fail_next", "fail_next must be 0 or more, got %d", *c.FailNext)
+	case c.FailStatus != nil && (*c.FailStatus < 400 || *c.FailStatus > 599):
+		return invalid("fail_status", "fail_status must be an error status, 400 to 599, got %d", *c.FailStatus)
+	case c.HangMS != nil && *c.HangMS < 0:
+		return invalid("hang_ms", "hang_ms must be 0 or more, got %d", *c.HangMS)
+	case c.HangNext != nil && *c.HangNext < 0:
+		return invalid("hang_next", "hang_next must be 0 or more, got %d", *c.HangNext)
+	}
+	return nil
+}
+
+// SetControl applies c as POST /v1/control does. A Control that POST
+// refuses with a 400 (a fail_status outside 400-599, a negative count or
+// hang) is a mistake of the calling test: SetControl panics with the same
+// message, instead of applying something else.
 func (s *Server) SetControl(c Control) {
+	if bad := c.check(); bad != nil {
+		panic("smsprovider: SetControl: " + bad.Message)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c.FailNext != nil {
-		s.ctl.FailNext = max(*c.FailNext, 0)
+		s.ctl.FailNext = *c.FailNext
 	}
-	if c.FailStatus != nil && *c.FailStatus >= 400 && *c.FailStatus < 600 {
+	if c.FailStatus != nil {
 		s.ctl.FailStatus = *c.FailStatus
 	}
 	if c.HangMS != nil {
-		s.ctl.HangMS = max(*c.HangMS, 0)
+		s.ctl.HangMS = *c.HangMS
 		s.ctl.HangNext = 1
 	}
 	if c.HangNext != nil {
-		s.ctl.HangNext = max(*c.HangNext, 0)
+		s.ctl.HangNext = *c.HangNext
 	}
 	if c.HangAfterAccept != nil {
 		s.ctl.HangAfterAccept = *c.HangAfterAccept
@@ -358,7 +386,11 @@ func (s *Server) SetControl(c Control) {
 
 func (s *Server) setControl(w http.ResponseWriter, r *http.Request) {
 	var c Control
-	if bad := httpjson.Decode(w, r, &c); bad != nil {
+	bad := httpjson.Decode(w, r, &c)
+	if bad == nil {
+		bad = c.check() // refused whole: none of its fields applied
+	}
+	if bad != nil {
 		bad.Write(w)
 		return
 	}

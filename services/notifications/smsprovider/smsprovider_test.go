@@ -467,6 +467,44 @@ func TestBodiesAreReadStrictlyAndARefusedOneChangesNothing(t *testing.T) {
 	}
 }
 
+// A fault POST /v1/control would not apply as asked (a fail_status that is
+// not an error status, a negative count or hang) is refused with a 400
+// naming the field, and changes nothing, not even its valid fields: a test
+// asking for "fail_next 1 with status 200" would otherwise get 503s, or
+// no fault at all, from a control that answered 200.
+func TestControlRefusesAFaultItWouldNotApplyNamingTheField(t *testing.T) {
+	_, srv := start(t)
+	control(t, srv.URL, `{"fail_status":429}`)
+	for _, c := range []struct{ body, field string }{
+		{`{"fail_next":1,"fail_status":200}`, "fail_status"},
+		{`{"fail_status":399}`, "fail_status"},
+		{`{"fail_status":600}`, "fail_status"},
+		{`{"fail_status":999}`, "fail_status"},
+		{`{"fail_next":-3}`, "fail_next"},
+		{`{"hang_ms":-5}`, "hang_ms"},
+		{`{"hang_ms":100,"hang_next":-1}`, "hang_next"},
+	} {
+		resp := send(t, http.MethodPost, srv.URL+"/v1/control", c.body)
+		var b service.ErrorBody
+		_ = json.NewDecoder(resp.Body).Decode(&b)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || b.Error.Code != "invalid_field" || b.Error.Field != c.field ||
+			!strings.Contains(b.Error.Message, c.field) {
+			t.Errorf("POST /v1/control %s = %s %+v; want 400 invalid_field naming %s", c.body, resp.Status, b.Error, c.field)
+		}
+	}
+	resp := send(t, http.MethodGet, srv.URL+"/v1/control", "")
+	defer resp.Body.Close()
+	var ctl map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&ctl)
+	if ctl["fail_next"] != float64(0) || ctl["fail_status"] != float64(429) || ctl["hang_ms"] != float64(0) || ctl["hang_next"] != float64(0) {
+		t.Errorf("control after refused changes: %v; want fail_status 429 and no fault, as before them", ctl)
+	}
+	// The bounds themselves are faults it applies.
+	control(t, srv.URL, `{"fail_next":0,"fail_status":400,"hang_ms":0,"hang_next":0}`)
+	control(t, srv.URL, `{"fail_status":599}`)
+}
+
 // The provider serves what every service serves: /healthz, /readyz and
 // /metrics, open; an unknown route is a JSON 404 and a wrong method a JSON
 // 405 with its Allow header, as on the services.
