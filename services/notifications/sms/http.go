@@ -91,18 +91,17 @@ func (p *HTTPProvider) Send(ctx context.Context, m Message) (Receipt, error) {
 		return Receipt{}, &Error{Rejected, err}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", m.IdempotencyKey)
-	// Never replayed by net/http: a POST with an Idempotency-Key header and
-	// a rewindable body (GetBody, set for a bytes.Reader) counts as
-	// replayable, and the transport would send it again by itself on a new
-	// connection when a reused one drops after the request was written. The
-	// provider may have accepted the first copy, and one that ignores keys
-	// would deliver twice, so a dropped connection must reach the sender as
-	// an unknown outcome: the kind's policy (or a lookup) decides whether to
-	// send again. Without GetBody, the transport does not resend it even
-	// when nothing was written: that too reaches the sender, as an unknown
-	// outcome.
-	req.GetBody = nil
+	// Never replayed by net/http once written: the transport takes a POST
+	// carrying the canonical "Idempotency-Key" header as replayable, and
+	// would send it again by itself on a new connection when a reused one
+	// drops after the request was written. The provider may have accepted
+	// the first copy, and one that ignores keys would deliver twice, so a
+	// dropped connection must reach the sender as an unknown outcome: the
+	// kind's policy (or a lookup) decides whether to send again. Set under
+	// its lower-case name, the header is the same to the provider (names
+	// are case-insensitive) but not to that check; the transport still
+	// retries a request of which nothing was written, which is safe.
+	req.Header["idempotency-key"] = []string{m.IdempotencyKey}
 	resp, err := p.do(req)
 	if err != nil {
 		return Receipt{}, transportError(err)
