@@ -26,7 +26,8 @@ type GateConfig struct {
 	Name string
 	// Probe is required.
 	Probe Probe
-	// ProbeTimeout bounds one probe [2s].
+	// ProbeTimeout bounds one probe [2s]: a probe that has not returned by
+	// then counts as failed, even if it ignores its context.
 	ProbeTimeout time.Duration
 	// ProbeBase and ProbeMax space the probes of a closed gate:
 	// min(ProbeMax, ProbeBase*2^n), jittered ±25% (the retry package's
@@ -125,10 +126,31 @@ func (g *Gate) Suspect(ctx context.Context, err error) bool {
 	return true
 }
 
+// probe runs one probe and returns its error, or an error of its own once
+// ProbeTimeout is over or ctx ends, whichever comes first, whether or not
+// the probe watches its context. The probe runs in a goroutine of its own,
+// so one stuck in a call that ignores its context (a hung read, a client
+// without a deadline) holds no caller; it is left to return in the
+// background and its result is dropped.
 func (g *Gate) probe(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, g.cfg.ProbeTimeout)
 	defer cancel()
-	return g.cfg.Probe(pctx)
+	done := make(chan error, 1) // buffered: a probe given up on still returns
+	go func() { done <- g.cfg.Probe(pctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-pctx.Done():
+		select {
+		case err := <-done: // it returned as its time ran out
+			return err
+		default:
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("outage: probe of %s did not return within ProbeTimeout (%v): %w", g.cfg.Name, g.cfg.ProbeTimeout, pctx.Err())
+	}
 }
 
 func (g *Gate) close(cause, perr error) {
@@ -146,7 +168,12 @@ func (g *Gate) close(cause, perr error) {
 
 // Wait returns nil at once while the gate is open. While it is closed, it
 // blocks, probing the dependency with backoff (one waiter probes at a
-// time), until a probe succeeds (nil) or ctx ends (ctx.Err()).
+// time), until a probe succeeds (nil) or ctx ends (ctx.Err()). A probe
+// that has not returned within ProbeTimeout counts as failed, and one that
+// has not returned when ctx ends is abandoned, whether or not it watches
+// its context: a hung probe holds neither this waiter nor the others. An
+// abandoned probe keeps its goroutine until it returns, so a Probe should
+// still honour its context.
 func (g *Gate) Wait(ctx context.Context) error {
 	if g == nil {
 		return nil
@@ -165,7 +192,16 @@ func (g *Gate) Wait(ctx context.Context) error {
 		}
 		g.mu.Unlock()
 		if mine {
-			g.finishProbe(g.probe(ctx))
+			err := g.probe(ctx)
+			if err != nil && ctx.Err() != nil {
+				// Our own context ended, not the dependency: no failure to
+				// count, and the next waiter may probe at once.
+				g.mu.Lock()
+				g.probing = false
+				g.mu.Unlock()
+				return ctx.Err()
+			}
+			g.finishProbe(err)
 			continue
 		}
 		if wait <= 0 {
