@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -24,7 +25,8 @@ type Probe func(ctx context.Context) error
 type GateConfig struct {
 	// Name is what the gate guards, for logs, readiness and metrics ["dependency"].
 	Name string
-	// Probe is required.
+	// Probe is required. It runs in a goroutine of its own; a panic in it
+	// is logged and counts as a failed probe.
 	Probe Probe
 	// ProbeTimeout bounds one probe [2s]: a probe that has not returned by
 	// then counts as failed, even if it ignores its context.
@@ -131,12 +133,22 @@ func (g *Gate) Suspect(ctx context.Context, err error) bool {
 // the probe watches its context. The probe runs in a goroutine of its own,
 // so one stuck in a call that ignores its context (a hung read, a client
 // without a deadline) holds no caller; it is left to return in the
-// background and its result is dropped.
+// background and its result is dropped. A probe that panics (a bug in it)
+// is logged and counts as failed: the panic is not the caller's, and a
+// gate left "probing" by it would never be probed, or reopen, again.
 func (g *Gate) probe(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, g.cfg.ProbeTimeout)
 	defer cancel()
 	done := make(chan error, 1) // buffered: a probe given up on still returns
-	go func() { done <- g.cfg.Probe(pctx) }()
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				g.log.Error("probe panicked: counted as a failed probe", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				done <- fmt.Errorf("outage: probe of %s panicked: %v", g.cfg.Name, p)
+			}
+		}()
+		done <- g.cfg.Probe(pctx)
+	}()
 	select {
 	case err := <-done:
 		return err
@@ -173,7 +185,8 @@ func (g *Gate) close(cause, perr error) {
 // has not returned when ctx ends is abandoned, whether or not it watches
 // its context: a hung probe holds neither this waiter nor the others. An
 // abandoned probe keeps its goroutine until it returns, so a Probe should
-// still honour its context.
+// still honour its context. A probe that panics counts as failed too (the
+// panic is logged, not raised in the waiter).
 func (g *Gate) Wait(ctx context.Context) error {
 	if g == nil {
 		return nil

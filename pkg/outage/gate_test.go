@@ -80,3 +80,47 @@ func TestWaitReturnsAtItsDeadlineWhileTheProbeHangs(t *testing.T) {
 		t.Fatalf("Wait = %v, closed = %v once the probe answers again: want the gate open", err, g.Closed())
 	}
 }
+
+// A probe that panics (a bug in it) is a failed probe: Wait does not
+// panic in the consumer's loop, and the gate is probed again and reopens
+// once the probe answers, instead of staying "probing", and so closed, for
+// ever.
+func TestAPanickingProbeCountsAsFailedAndTheGateReopensOnceItAnswers(t *testing.T) {
+	var mode atomic.Int32 // 0 refuse, 1 panic, 2 answer
+	var panics atomic.Int64
+	g := closedGate(t, func(context.Context) error {
+		switch mode.Load() {
+		case 0:
+			return syscall.ECONNREFUSED
+		case 1:
+			panics.Add(1)
+			panic("probe bug")
+		}
+		return nil
+	}, GateConfig{ProbeBase: 10 * time.Millisecond, ProbeMax: 10 * time.Millisecond})
+	mode.Store(1)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	var err error
+	panicked := func() (p any) {
+		defer func() { p = recover() }()
+		err = g.Wait(ctx)
+		return nil
+	}()
+	if panicked != nil {
+		t.Errorf("Wait panicked with the probe's %q, want the panic counted as a failed probe", panicked)
+	} else if !errors.Is(err, context.DeadlineExceeded) || !g.Closed() {
+		t.Errorf("Wait = %v, closed = %v while the probe panics: want the deadline and the gate closed", err, g.Closed())
+	}
+	if n := panics.Load(); n < 2 && panicked == nil {
+		t.Errorf("%d probes in 200ms with ProbeMax 10ms: the panicking probe was not tried again", n)
+	}
+
+	mode.Store(2) // the dependency is back and the probe is fine
+	ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := g.Wait(ctx); err != nil || g.Closed() {
+		t.Fatalf("Wait = %v, closed = %v a second after the probe answers: want the gate open", err, g.Closed())
+	}
+}
