@@ -33,8 +33,10 @@ type GateConfig struct {
 	ProbeTimeout time.Duration
 	// ProbeBase and ProbeMax space the probes of a closed gate:
 	// min(ProbeMax, ProbeBase*2^n), jittered ±25% (the retry package's
-	// schedule) [250ms, 5s]. ProbeMax is also
-	// the longest an outage goes unnoticed once it is over.
+	// schedule) and then capped at ProbeMax [250ms, 5s]. No two probes of
+	// a waiting consumer are farther apart than ProbeMax (end of one to
+	// start of the next), so an outage that is over goes unnoticed for at
+	// most ProbeMax plus the one probe in flight when it ended.
 	ProbeBase, ProbeMax time.Duration
 	Logger              *slog.Logger
 }
@@ -246,7 +248,9 @@ func (g *Gate) finishProbe(err error) {
 		return
 	}
 	g.lastErr = err
-	d := retry.Policy{Base: g.cfg.ProbeBase, Max: g.cfg.ProbeMax, Jitter: retry.JitterDefault}.Delay(g.failures + 1)
+	// The jitter may draw up to 25% above ProbeMax: capped, so that
+	// ProbeMax stays the longest a recovery goes unnoticed.
+	d := min(g.cfg.ProbeMax, retry.Policy{Base: g.cfg.ProbeBase, Max: g.cfg.ProbeMax, Jitter: retry.JitterDefault}.Delay(g.failures+1))
 	g.failures++
 	g.nextProbe = time.Now().Add(d)
 }

@@ -124,3 +124,28 @@ func TestAPanickingProbeCountsAsFailedAndTheGateReopensOnceItAnswers(t *testing.
 		t.Fatalf("Wait = %v, closed = %v a second after the probe answers: want the gate open", err, g.Closed())
 	}
 }
+
+// ProbeMax is the longest a closed gate goes between two probes, so the
+// longest an outage that is over goes unnoticed: the jitter spreads the
+// probes below it, never above. Every one of many failed probes schedules
+// the next within ProbeMax, and the draws are still spread.
+func TestAClosedGateNeverSchedulesItsNextProbeFartherThanProbeMax(t *testing.T) {
+	const probeMax = 200 * time.Millisecond
+	g := closedGate(t, func(context.Context) error { return syscall.ECONNREFUSED },
+		GateConfig{ProbeBase: probeMax, ProbeMax: probeMax})
+	lo, hi := time.Duration(1<<62), time.Duration(0)
+	for range 10000 {
+		g.finishProbe(syscall.ECONNREFUSED)
+		g.mu.Lock()
+		gap := time.Until(g.nextProbe) // at most the drawn delay: time.Now() came first
+		g.probing = true               // as Wait sets it before the next probe
+		g.mu.Unlock()
+		if gap > probeMax {
+			t.Fatalf("the next probe is %v away with ProbeMax %v: a recovery could go unnoticed longer than ProbeMax", gap, probeMax)
+		}
+		lo, hi = min(lo, gap), max(hi, gap)
+	}
+	if hi-lo < probeMax/10 {
+		t.Errorf("the probes were scheduled between %v and %v: the jitter no longer spreads them", lo, hi)
+	}
+}
