@@ -29,6 +29,7 @@ package retry
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 )
@@ -43,8 +44,8 @@ const (
 	JitterDefault = 0.25
 )
 
-// maxShift caps the exponent: 2^60 seconds is far past any Max, and a larger
-// shift would overflow.
+// maxShift caps the exponent of the SQL schedule: 2^60 seconds is far past
+// any Max, and interval arithmetic overflows long before a larger shift.
 const maxShift = 60
 
 // Policy is an exponential back-off schedule. The zero value retries at
@@ -76,24 +77,39 @@ func (p Policy) WithDefaults() Policy {
 }
 
 // Exact is the un-jittered delay after the attempt-th failure:
-// min(Max, Base·2^(attempt-1)). An attempt below 1 counts as 1.
+// min(Max, Base·2^(attempt-1)), for any attempt and any Max up to the
+// longest Duration (the doubling stops at Max, so it never overflows). An
+// attempt below 1 counts as 1; a Base or Max of 0 or less gives 0.
 func (p Policy) Exact(attempt int) time.Duration {
-	d := p.Base
-	for i := 1; i < min(attempt, maxShift) && d < p.Max; i++ {
+	if p.Base <= 0 || p.Max <= 0 {
+		return 0
+	}
+	d := min(p.Base, p.Max)
+	for i := 1; i < attempt && d < p.Max; i++ {
+		if d > p.Max/2 {
+			d = p.Max // doubling would pass Max, or overflow
+			break
+		}
 		d *= 2
 	}
-	return max(0, min(d, p.Max))
+	return d
 }
 
 // Delay is the delay after the attempt-th failure: Exact(attempt) spread
-// uniformly by ±Jitter.
+// uniformly by ±Jitter. It is never negative, and at most
+// Exact(attempt)·(1+Jitter) or the longest Duration, whichever is less. A
+// Jitter that is not a number counts as 0.
 func (p Policy) Delay(attempt int) time.Duration {
 	d := p.Exact(attempt)
-	if p.Jitter <= 0 {
+	if !(p.Jitter > 0) { // 0, negative or NaN: exact
 		return d
 	}
 	j := min(p.Jitter, 1)
-	return time.Duration(float64(d) * (1 - j + 2*j*rand.Float64()))
+	f := float64(d) * (1 - j + 2*j*rand.Float64())
+	if f >= math.MaxInt64 { // float64(MaxInt64) is 2^63: past every Duration
+		return math.MaxInt64
+	}
+	return time.Duration(f)
 }
 
 // SQL is the same schedule as a PostgreSQL float8 expression in seconds,

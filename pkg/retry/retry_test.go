@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -73,5 +74,58 @@ func TestAWalkStepsAlongTheScheduleAndResets(t *testing.T) {
 	w.Reset()
 	if got := w.NextBackOff(); got != 5*time.Millisecond {
 		t.Fatalf("after Reset: %v, want 5ms", got)
+	}
+}
+
+// A Max near the longest Duration (a caller's "no cap") is reached by
+// doubling without overflow: the schedule is min(Max, Base·2^(n-1)) for
+// every attempt, never falling back to 0 (retry at once, for ever) once
+// Base·2^(n-1) passes what an int64 holds.
+func TestExactReachesAMaxNearTheLongestDurationWithoutOverflow(t *testing.T) {
+	for _, p := range []Policy{
+		{Base: time.Second, Max: math.MaxInt64},
+		{Base: 3, Max: math.MaxInt64},
+		{Base: time.Second, Max: 8e18},
+		{Base: time.Hour, Max: math.MaxInt64/2 + 1},
+	} {
+		prev := time.Duration(0)
+		for n := 1; n <= 200; n++ {
+			want := p.Max
+			if w := float64(p.Base) * math.Pow(2, float64(n-1)); w < float64(p.Max) {
+				want = time.Duration(w)
+			}
+			got := p.Exact(n)
+			if got != want {
+				t.Fatalf("%+v: Exact(%d) = %v after Exact(%d) = %v, want %v", p, n, got, n-1, prev, want)
+			}
+			prev = got
+		}
+	}
+}
+
+// A jittered delay stays within ±Jitter of the exact one, capped at the
+// longest Duration, even where Exact·(1+Jitter) is past what an int64
+// holds: never a negative delay (retry at once) from a conversion that
+// overflowed.
+func TestDelayIsNeverNegativeNorOutsideItsJitterForAHugeMax(t *testing.T) {
+	for _, p := range []Policy{
+		{Base: time.Second, Max: 8e18, Jitter: 0.25},
+		{Base: time.Second, Max: math.MaxInt64, Jitter: 1},
+		{Base: time.Second, Max: math.MaxInt64, Jitter: math.NaN()},
+	} {
+		j := p.Jitter
+		if math.IsNaN(j) {
+			j = 0 // an undefined spread is none: the exact schedule
+		}
+		for n := 1; n <= 100; n++ {
+			exact := float64(p.Exact(n))
+			lo, hi := exact*(1-j), min(exact*(1+j), math.MaxInt64)
+			for range 200 {
+				d := p.Delay(n)
+				if d < 0 || float64(d) < lo || float64(d) > hi {
+					t.Fatalf("%+v: Delay(%d) = %v (%d ns), want within [%.0f, %.0f] ns", p, n, d, int64(d), lo, hi)
+				}
+			}
+		}
 	}
 }
