@@ -19,6 +19,17 @@
 //	a field dst lacks, or in another case     400 unknown_field    `unknown field "x"`
 //	a value of the wrong type                 400 invalid_type     `field "x" must be an integer, not a string`
 //
+// The field rules hold in nested objects too, which encoding/json would
+// match case-insensitively, keeping the last of two: in an object that
+// decodes into a struct (a field's, or an element's of a slice, an array
+// or a map) each name must be one of the struct's, exactly, and in one
+// that decodes into a struct or a map each name may appear once. The
+// error names the path: `unknown field "meta.NAME"`, `field "tags.a"
+// given twice`, with no index for an array element, as in a type error
+// ("list.name"). A value a type decodes itself (time.Time,
+// json.RawMessage, any json.Unmarshaler or encoding.TextUnmarshaler) or
+// that fills an interface is that type's business.
+//
 // A number that does not fit the field (beyond int64, a fraction or an
 // exponent for an integer) is a wrong type. Strings that are not UTF-8
 // decode with U+FFFD in place of the bad bytes, as encoding/json does: a
@@ -31,6 +42,7 @@ package httpjson
 
 import (
 	"bytes"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -78,9 +90,10 @@ func Invalid(code, field, format string, args ...any) *Error {
 // Decode reads r's body, at most MaxBytes, and decodes the one JSON object
 // it must hold into dst, a pointer to a struct of named fields, strictly:
 // each field of the object must be one of dst's, by its exact JSON name,
-// at most once, of the field's type; nothing may follow the object. On
-// error dst may have been partly filled and must not be used; the answer
-// to write is the returned Error.
+// at most once, of the field's type, and so must each field of a nested
+// object that decodes into a struct (see the package doc); nothing may
+// follow the object. On error dst may have been partly filled and must
+// not be used; the answer to write is the returned Error.
 func Decode(w http.ResponseWriter, r *http.Request, dst any) *Error {
 	return decode(w, r, dst, false)
 }
@@ -146,14 +159,144 @@ func Unmarshal(body []byte, dst any) *Error {
 		if name == "" || !ok {
 			continue
 		}
+		f := v.Field(i)
+		if bad := nested(raw, f.Type(), name); bad != nil {
+			return bad
+		}
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.DisallowUnknownFields()
-		f := v.Field(i)
 		if err := dec.Decode(f.Addr().Interface()); err != nil {
 			return typeError(name, f.Type(), err)
 		}
 	}
 	return nil
+}
+
+var (
+	jsonUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
+	textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+// nested holds the objects inside raw, the value of the field at path, of
+// type t, to the rules of the body's own fields, which encoding/json does
+// not apply below the top: in an object that decodes into a struct each
+// name must be one of the struct's JSON names, exactly (encoding/json
+// would take one in another case), and in any object that decodes into a
+// struct or a map each name may appear once (encoding/json keeps the last
+// silently). It descends through pointers, slices, arrays and map values;
+// a type that decodes itself (time.Time, json.RawMessage, any other
+// json.Unmarshaler or encoding.TextUnmarshaler) and an interface are left
+// as they are. A value of another shape than t's, or bad syntax, is left
+// to the decoder, whose type error names the field.
+func nested(raw json.RawMessage, t reflect.Type, path string) *Error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if pt := reflect.PointerTo(t); pt.Implements(jsonUnmarshaler) || pt.Implements(textUnmarshaler) {
+		return nil
+	}
+	s := bytes.TrimLeft(raw, " \t\r\n")
+	dec := json.NewDecoder(bytes.NewReader(s))
+	switch {
+	case (t.Kind() == reflect.Struct || t.Kind() == reflect.Map) && len(s) > 0 && s[0] == '{':
+		var fields map[string]reflect.Type
+		if t.Kind() == reflect.Struct {
+			fields = promotedFields(t)
+		}
+		seen := map[string]bool{}
+		if _, err := dec.Token(); err != nil {
+			return nil
+		}
+		for dec.More() {
+			tok, err := dec.Token()
+			key, ok := tok.(string)
+			if err != nil || !ok {
+				return nil
+			}
+			at := cutName(path + "." + key)
+			if seen[key] {
+				return &Error{http.StatusBadRequest, "duplicate_field", at, fmt.Sprintf("field %q given twice", at)}
+			}
+			seen[key] = true
+			var elem reflect.Type
+			if fields == nil {
+				elem = t.Elem() // a map's values
+			} else if elem, ok = fields[key]; !ok {
+				return &Error{http.StatusBadRequest, "unknown_field", at, fmt.Sprintf("unknown field %q", at)}
+			}
+			var v json.RawMessage
+			if dec.Decode(&v) != nil {
+				return nil
+			}
+			if bad := nested(v, elem, path+"."+key); bad != nil {
+				return bad
+			}
+		}
+	case (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) && len(s) > 0 && s[0] == '[':
+		if _, err := dec.Token(); err != nil {
+			return nil
+		}
+		for dec.More() {
+			var v json.RawMessage
+			if dec.Decode(&v) != nil {
+				return nil
+			}
+			// No index in the path, as in encoding/json's own ("list.name").
+			if bad := nested(v, t.Elem(), path); bad != nil {
+				return bad
+			}
+		}
+	}
+	return nil
+}
+
+// promotedFields maps the JSON names of a nested struct's fields to their
+// types as encoding/json decodes them: the fields of an embedded struct
+// without a JSON name of its own count as the outer struct's, a shallower
+// name hiding a deeper one. (Two of one name at one depth are both listed;
+// the decoder, which drops such a name, then refuses it.)
+func promotedFields(t reflect.Type) map[string]reflect.Type {
+	fields := map[string]reflect.Type{}
+	visited := map[reflect.Type]bool{}
+	for level := []reflect.Type{t}; len(level) > 0; {
+		var next []reflect.Type
+		found := map[string]reflect.Type{}
+		for _, st := range level {
+			if visited[st] {
+				continue
+			}
+			visited[st] = true
+			for i := range st.NumField() {
+				f := st.Field(i)
+				tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+				ft := f.Type
+				if ft.Kind() == reflect.Pointer {
+					ft = ft.Elem()
+				}
+				switch {
+				case tag == "-":
+					continue
+				case f.Anonymous && tag == "" && ft.Kind() == reflect.Struct:
+					next = append(next, ft)
+					continue
+				case !f.IsExported():
+					continue
+				}
+				name := tag
+				if name == "" {
+					name = f.Name
+				}
+				if _, hidden := fields[name]; !hidden {
+					found[name] = f.Type
+				}
+			}
+		}
+		for name, ft := range found {
+			fields[name] = ft
+		}
+		level = next
+	}
+	return fields
 }
 
 // object checks that body is one JSON object, not nested beyond MaxDepth,

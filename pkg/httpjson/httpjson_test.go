@@ -80,7 +80,9 @@ func TestEveryRefusalNamesTheFieldInItsOwnWordsAndNeverTheDecodersText(t *testin
 		{"not a time", `{"at":"tomorrow"}`, 400, "invalid_type", "at", `field "at" must be an RFC 3339 time`},
 		{"object for an array", `{"tags":{}}`, 400, "invalid_type", "tags", `field "tags" must be an array, not an object`},
 		{"nested wrong type", `{"inner":{"n":"x"}}`, 400, "invalid_type", "inner.n", `field "inner.n" must be an integer, not a string`},
-		{"nested unknown", `{"inner":{"m":1}}`, 400, "invalid_type", "inner", `field "inner" must be an object`},
+		{"nested unknown", `{"inner":{"m":1}}`, 400, "unknown_field", "inner.m", `unknown field "inner.m"`},
+		{"nested other case", `{"inner":{"N":1}}`, 400, "unknown_field", "inner.N", `unknown field "inner.N"`},
+		{"nested duplicate", `{"inner":{"n":1,"n":2}}`, 400, "duplicate_field", "inner.n", `field "inner.n" given twice`},
 		{"over 64 KiB", `{"to":"` + strings.Repeat("x", 70<<10) + `"}`, 413, "body_too_large", "body", "body over 64 KiB"},
 	}
 	leaks := []string{"json:", "invalid character", "unexpected EOF", "unmarshal", "Go ", "struct", "request body too large",
@@ -139,5 +141,79 @@ func TestAnUnknownOrRepeatedFieldIsNamedInAtMost64BytesOfValidUTF8(t *testing.T)
 		if strings.Contains(b.Error.Message, long[:100]) {
 			t.Errorf("message repeats more than %d bytes of the name: %s", httpjson.MaxFieldName, b.Error.Message)
 		}
+	}
+}
+
+type profile struct {
+	Name string `json:"name"`
+}
+
+// member embeds profile: encoding/json takes profile's fields as its own.
+type member struct {
+	profile
+	Role string `json:"role"`
+}
+
+type nestedRequest struct {
+	Meta    profile             `json:"meta"`
+	Team    []member            `json:"team"`
+	List    []profile           `json:"list"`
+	ByID    map[string]*profile `json:"by_id"`
+	Grid    [][]profile         `json:"grid"`
+	Labels  map[string]string   `json:"labels"`
+	Created time.Time           `json:"created"`
+	Raw     json.RawMessage     `json:"raw"`
+}
+
+// Inside a nested object encoding/json matches names case-insensitively
+// and keeps the last of two: {"meta":{"name":"alice","NAME":"mallory"}}
+// would decode to mallory. A nested object that decodes into a struct,
+// in a slice or a map too, is held to the body's own rules: exact names
+// of the struct's fields, each at most once (a map's keys too); the error
+// names the path to the field.
+func TestANestedFieldInAnotherCaseOrGivenTwiceIsRefusedLikeATopLevelOne(t *testing.T) {
+	cases := []struct{ body, code, field string }{
+		{`{"meta":{"name":"alice","NAME":"mallory"}}`, "unknown_field", "meta.NAME"},
+		{`{"meta":{"NAME":"x"}}`, "unknown_field", "meta.NAME"},
+		{`{"meta":{"name":"alice","name":"mallory"}}`, "duplicate_field", "meta.name"},
+		{`{"meta":{"nick":"x"}}`, "unknown_field", "meta.nick"},
+		{`{"list":[{"name":"x"},{"Name":"y"}]}`, "unknown_field", "list.Name"},
+		{`{"by_id":{"u1":{"name":"x","NaMe":"y"}}}`, "unknown_field", "by_id.u1.NaMe"},
+		{`{"by_id":{"u1":{"name":"x"},"u1":{"name":"y"}}}`, "duplicate_field", "by_id.u1"},
+		{`{"grid":[[{"name":"x"}],[{"NAME":"y"}]]}`, "unknown_field", "grid.NAME"},
+		{`{"team":[{"role":"r","NAME":"y"}]}`, "unknown_field", "team.NAME"},
+		{`{"team":[{"profile":{"name":"y"}}]}`, "unknown_field", "team.profile"},
+		{`{"labels":{"a":"1","a":"2"}}`, "duplicate_field", "labels.a"},
+		{`{"meta":{"` + strings.Repeat("é", 100) + `":1}}`, "unknown_field", ("meta." + strings.Repeat("é", 100))[:httpjson.MaxFieldName-1]},
+	}
+	for _, c := range cases {
+		var v nestedRequest
+		bad := httpjson.Unmarshal([]byte(c.body), &v)
+		if bad == nil {
+			t.Errorf("%s accepted, decoded %+v; want %s %q", c.body, v, c.code, c.field)
+			continue
+		}
+		if bad.Status != http.StatusBadRequest || bad.Code != c.code || bad.Field != c.field {
+			t.Errorf("%s: %d %s %q (%s), want 400 %s %q", c.body, bad.Status, bad.Code, bad.Field, bad.Message, c.code, c.field)
+		}
+	}
+
+	// The fields of an embedded struct are the outer one's, as in
+	// encoding/json; what decodes by its own rules is left to it (a time,
+	// a raw value), a map's keys may differ only in case, and a value of
+	// the wrong shape is a type error, as before.
+	var v nestedRequest
+	good := `{"meta":{"name":"alice"},"team":[{"name":"e","role":"r"}],"list":[{"name":"a"},{"name":"b"}],"by_id":{"u1":{"name":"c"},"U1":null},` +
+		`"grid":[[{"name":"d"}]],"labels":{"a":"1","A":"2"},"created":"2026-05-01T10:00:00Z","raw":{"x":1,"X":2,"x":3}}`
+	if bad := httpjson.Unmarshal([]byte(good), &v); bad != nil {
+		t.Fatalf("a good nested body refused: %s %q %s", bad.Code, bad.Field, bad.Message)
+	}
+	if v.Meta.Name != "alice" || len(v.List) != 2 || v.List[1].Name != "b" || v.ByID["u1"].Name != "c" || v.Grid[0][0].Name != "d" ||
+		len(v.Team) != 1 || v.Team[0].Name != "e" || v.Team[0].Role != "r" ||
+		v.Labels["A"] != "2" || v.Created.IsZero() || len(v.Raw) == 0 {
+		t.Errorf("a good nested body decoded to %+v", v)
+	}
+	if bad := httpjson.Unmarshal([]byte(`{"meta":"alice"}`), &v); bad == nil || bad.Code != "invalid_type" || bad.Field != "meta" {
+		t.Errorf("a string for an object: %+v, want invalid_type \"meta\"", bad)
 	}
 }
