@@ -192,6 +192,11 @@ func nested(raw json.RawMessage, t reflect.Type, path string) *Error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map, reflect.Slice, reflect.Array:
+	default:
+		return nil // a scalar or an interface: nothing nested to check
+	}
 	if pt := reflect.PointerTo(t); pt.Implements(jsonUnmarshaler) || pt.Implements(textUnmarshaler) {
 		return nil
 	}
