@@ -64,3 +64,48 @@ func TestOneUnencodableRowDoesNotStopTheRelay(t *testing.T) {
 		t.Fatalf("RelayOnce after: claimed %d, %v; want 0", n, err)
 	}
 }
+
+// A row whose columns do not scan (occurred_at = 'infinity', which a
+// producer writing the table in SQL can store and no time.Time holds) is
+// a bad row as an unencodable one is: rescheduled with last_error saying
+// why, while the rest of its claim is published. Before, the scan error
+// failed the whole claim, the transaction rolled back with nothing
+// recorded, and every later claim took the same row first.
+func TestARowThatDoesNotScanIsRescheduledAndTheRestPublish(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	c, q, pub := queue(t)
+	poison := newEvent(t, 0)
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_id, aggregate_version, event_type, payload, occurred_at, next_attempt_at)
+		VALUES ($1, $2, $3, $4, $5, 'infinity', now() - interval '1 minute')`, poison.EventID, poison.AggregateID,
+		poison.AggregateVersion, poison.EventType, []byte(poison.Payload)); err != nil {
+		t.Fatal(err)
+	}
+	good := newEvent(t, 1)
+	addCommitted(t, ctx, pool, good)
+
+	const base = time.Minute
+	r := newRelay(t, pool, pub, outbox.RelayConfig{DisableListen: true, RetryBase: base, RetryMax: time.Hour})
+	if n, err := r.RelayOnce(ctx); n != 2 || err != nil {
+		t.Fatalf("RelayOnce with the row that does not scan due first: claimed %d, %v; want 2, nil", n, err)
+	}
+	if s := state(t, pool, good.EventID); !s.Published {
+		t.Fatalf("the valid row: %+v, want published", s)
+	}
+	s := state(t, pool, poison.EventID)
+	if s.Published || s.Claimed || s.Attempts != 1 || s.LastError == nil ||
+		!strings.Contains(*s.LastError, "occurred_at") || !strings.Contains(*s.LastError, "infinity") {
+		t.Fatalf("the row that does not scan: %+v; want unpublished, attempts 1, last_error naming occurred_at infinity", s)
+	}
+	if s.DueIn < base*3/4-time.Second {
+		t.Fatalf("the row that does not scan is due in %v, want the backoff of a failed send (about %v)", s.DueIn, base)
+	}
+	got := receive(t, c, q, 2, 3*time.Second, true)
+	if len(got) != 1 || got[0].Attributes["event_id"] != good.EventID.String() {
+		t.Fatalf("received %d messages (%v), want only the valid event %s", len(got), got, good.EventID)
+	}
+	if n, err := r.RelayOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("RelayOnce after: claimed %d, %v; want 0 (the bad row is backed off)", n, err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
@@ -144,9 +145,9 @@ const MaxLease = 24 * time.Hour
 // (an UPDATE, or with DeleteOnPublish a DELETE). A row is marked published
 // (or deleted) only after the publisher accepted it; a relay that dies in
 // between takes its transaction with it, and the rows are sent again. A
-// row that cannot be encoded fails on its own, as a refused send does
-// (rescheduled with last_error and backoff), and the rest of its batch is
-// sent: no one row stops the relay.
+// row that cannot be read or encoded fails on its own, as a refused send
+// does (rescheduled with last_error and backoff), and the rest of its batch
+// is sent: no one row stops the relay.
 type Relay struct {
 	pool *pgxpool.Pool
 	pub  Publisher
@@ -413,8 +414,8 @@ const claimSQL = `
 // talking to the server mid-batch (frozen, partitioned) has its session
 // ended by the server after Lease, which releases the rows.
 //
-// A row it cannot encode is claimed too, and returned in bad with the
-// reason, for finish to reschedule as a failed send: left out of the
+// A row it cannot read or encode is claimed too, and returned in bad with
+// the reason, for finish to reschedule as a failed send: left out of the
 // claim, or failing it, it would be the first row of every later claim.
 func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) (msgs []Message, bad map[uuid.UUID]error, err error) {
 	b := &pgx.Batch{}
@@ -429,7 +430,7 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) (msgs []Message, bad 
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
-			msgs, bad, err = messages(rows, make([]Message, 0, r.cfg.BatchSize))
+			msgs, bad, err = messages(conn.TypeMap(), rows, make([]Message, 0, r.cfg.BatchSize))
 		}
 	}
 	if err = errors.Join(err, br.Close()); err != nil {
@@ -441,22 +442,60 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) (msgs []Message, bad 
 // messages appends to msgs a Message for each row of claimSQL, the body
 // encoded as events.Envelope.Marshal encodes it (the payload as jsonb
 // prints it, compacted), with the characters a queue may refuse escaped
-// (events.EscapeForSQS). A row that does not encode (an occurred_at that
-// JSON cannot carry, stored before events.Validate refused it; a payload
-// that jsonb made too large for one message) is put in bad with its error
-// instead.
-func messages(rows pgx.Rows, msgs []Message) (_ []Message, bad map[uuid.UUID]error, _ error) {
+// (events.EscapeForSQS). A row that does not scan or does not encode is
+// put in bad with its error instead, and the rest are read on: an
+// occurred_at no time.Time holds ('infinity', which a producer writing the
+// table in SQL can store), one that JSON cannot carry (stored before
+// events.Validate refused it), a payload that jsonb made too large for one
+// message, any column that fails to scan. Only a row whose id cannot be
+// read fails the claim, as there is nothing to reschedule it by.
+//
+// The columns are scanned one by one, with plans made at the first row as
+// rows.Scan makes them, because rows.Scan closes the rows at its first
+// error, and the rest of the batch would be lost with it.
+func messages(m *pgtype.Map, rows pgx.Rows, msgs []Message) (_ []Message, bad map[uuid.UUID]error, _ error) {
 	defer rows.Close()
 	var (
 		e           events.Envelope
 		payload     []byte
 		traceparent string
+		occurredAt  pgtype.Timestamptz
 	)
-	for rows.Next() {
-		if err := rows.Scan(pgid.Scan(&e.EventID), &e.AggregateID, &e.AggregateVersion, &e.EventType, &payload, &traceparent, &e.OccurredAt); err != nil {
-			return nil, nil, err
+	dest := [...]any{pgid.Scan(&e.EventID), &e.AggregateID, &e.AggregateVersion, &e.EventType, &payload, &traceparent, &occurredAt}
+	var plans [len(dest)]pgtype.ScanPlan
+	fail := func(err error) {
+		if bad == nil {
+			bad = map[uuid.UUID]error{}
 		}
-		e.OccurredAt, e.Payload = e.OccurredAt.UTC(), payload
+		bad[e.EventID] = err
+	}
+	for first := true; rows.Next(); first = false {
+		fields, raw := rows.FieldDescriptions(), rows.RawValues()
+		if len(fields) != len(dest) || len(raw) != len(dest) {
+			return nil, nil, fmt.Errorf("the claim returned %d columns, want %d", len(raw), len(dest))
+		}
+		if first {
+			for i, f := range fields {
+				plans[i] = m.PlanScan(f.DataTypeOID, f.Format, dest[i])
+			}
+		}
+		if err := plans[0].Scan(raw[0], dest[0]); err != nil {
+			return nil, nil, fmt.Errorf("cannot read the id of a claimed row: %w", err)
+		}
+		var err error
+		for i := 1; i < len(dest) && err == nil; i++ {
+			if err = plans[i].Scan(raw[i], dest[i]); err != nil {
+				err = fmt.Errorf("cannot read the row: column %s: %w", fields[i].Name, err)
+			}
+		}
+		if err == nil && (!occurredAt.Valid || occurredAt.InfinityModifier != pgtype.Finite) {
+			err = fmt.Errorf("cannot read the row: occurred_at is %s, not a time", occurredAt.InfinityModifier)
+		}
+		if err != nil {
+			fail(err)
+			continue
+		}
+		e.OccurredAt, e.Payload = occurredAt.Time.UTC(), payload
 		attrs := attributes(e.EventID.String(), e.EventType, traceparent)
 		body, err := e.AppendJSON(make([]byte, 0, envelopeOverhead+len(payload)))
 		if err != nil {
@@ -466,10 +505,7 @@ func messages(rows pgx.Rows, msgs []Message) (_ []Message, bad map[uuid.UUID]err
 			err = tooLarge(e, len(body)+attributesBytes(e.EventType, traceparent))
 		}
 		if err != nil {
-			if bad == nil {
-				bad = map[uuid.UUID]error{}
-			}
-			bad[e.EventID] = err
+			fail(err)
 			continue
 		}
 		msgs = append(msgs, Message{EventID: e.EventID, Body: body, Attributes: attrs})
