@@ -257,7 +257,11 @@ func (r *Relay) Unpublished(ctx context.Context) (int64, error) {
 // NOTIFY on the 'outbox' channel or PollInterval. While the database or the
 // queue is unreachable the sleep doubles from PollInterval up to 30 s, so
 // an outage is not flooded with claims (or, for the queue, with rows
-// claimed only to fail).
+// claimed only to fail). While the queue refuses every batch as a whole
+// for another cause (a queue deleted, a wrong URL, a denied permission,
+// expired credentials, throttling) it doubles the same way, up to the
+// lesser of 30 s and RetryMax, and each such batch is logged once, not
+// once per row. A pass that succeeds ends the back-off.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.ran.CompareAndSwap(false, true) {
 		return ErrRelayUsed
@@ -279,21 +283,44 @@ func (r *Relay) Run(ctx context.Context) error {
 // pass is one claim-publish-mark round for worker.Run.
 func (r *Relay) pass(ctx context.Context, _ int) (int, bool, error) {
 	n, pubErr, err := r.relayOnce(ctx)
-	if err == nil && outage.Unavailable(pubErr) {
+	if err == nil && pubErr != nil {
 		// Not a failure of the relay's (the rows are rescheduled), but the
-		// loop must back off as for one.
-		err = fmt.Errorf("outbox: queue unreachable, batch of %d rescheduled: %w", n, pubErr)
+		// loop must back off as for one: the next batch would most likely
+		// fail the same way.
+		what := "queue refused the whole batch"
+		if outage.Unavailable(pubErr) {
+			what = "queue unreachable"
+		}
+		err = &batchError{fmt.Errorf("outbox: %s, batch of %d rescheduled: %w", what, n, pubErr)}
 	}
 	return n, err == nil && n == r.cfg.BatchSize, err
 }
 
+// batchError is a pass whose publish failed for the whole batch.
+type batchError struct{ error }
+
+func (e *batchError) Unwrap() error { return e.error }
+
+// maxBackoff is the longest sleep after failed passes.
+const maxBackoff = 30 * time.Second
+
 // backoff is the sleep after a failed pass: PollInterval, doubling from it
-// (at least 100ms) up to 30 s while the failures are outages.
+// (at least 100ms) while the failures go on, up to 30 s while they are
+// outages (the database or the queue unreachable), and up to the lesser of
+// 30 s and RetryMax while the queue refuses whole batches for another
+// cause (a queue deleted, a wrong URL, a denied permission, expired
+// credentials, throttling): a row it refused is retried no later than
+// RetryMax either. Any other failure sleeps PollInterval.
 func (r *Relay) backoff(failures int, err error) time.Duration {
-	if !outage.Unavailable(err) {
+	limit := maxBackoff
+	switch {
+	case outage.Unavailable(err):
+	case errors.As(err, new(*batchError)):
+		limit = min(limit, r.cfg.RetryMax)
+	default:
 		return r.cfg.PollInterval
 	}
-	return min(max(r.cfg.PollInterval, 100*time.Millisecond)<<min(failures, 10), 30*time.Second)
+	return max(min(max(r.cfg.PollInterval, 100*time.Millisecond)<<min(failures, 10), limit), r.cfg.PollInterval)
 }
 
 // gaugeCap bounds the rows the backlog gauges read: outbox_unpublished
@@ -342,6 +369,7 @@ func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
 	if len(msgs) > 0 {
 		failed, pubErr = r.publish(ctx, msgs)
 	}
+	r.logFailures(len(msgs), failed, bad, pubErr)
 	// The rows that do not encode fail as a refused send does: rescheduled
 	// with backoff and last_error, while the rest of the batch is marked.
 	// They say nothing of the queue, so they leave pubErr alone.
@@ -369,6 +397,23 @@ func (r *Relay) relayOnce(ctx context.Context) (n int, pubErr, err error) {
 		return n, pubErr, err
 	}
 	return n, pubErr, nil
+}
+
+// logFailures logs a batch's failed rows: a publish that failed for all
+// sent rows (pubErr) once, with their number, as they failed the same
+// way, each row's own error in its last_error; otherwise each row the
+// queue refused; and each row that could not be read or encoded.
+func (r *Relay) logFailures(sent int, failed, bad map[uuid.UUID]error, pubErr error) {
+	if pubErr != nil {
+		r.log.Warn("outbox batch publish failed: rescheduled", "rows", sent, "error", pubErr)
+	} else {
+		for id, err := range failed {
+			r.log.Warn("outbox publish failed: rescheduled", "event_id", id, "error", err)
+		}
+	}
+	for id, err := range bad {
+		r.log.Warn("outbox row cannot be sent: rescheduled", "event_id", id, "error", err)
+	}
 }
 
 // publish sends a batch's messages and returns those the queue did not
@@ -562,7 +607,6 @@ func (r *Relay) finish(ctx context.Context, conn *pgx.Conn, ok [][16]byte, faile
 	for id, err := range failed {
 		ids = append(ids, id)
 		reasons = append(reasons, err.Error())
-		r.log.Warn("outbox publish failed: rescheduled", "event_id", id, "error", err)
 	}
 	b := &pgx.Batch{}
 	var published int64
