@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -35,5 +36,56 @@ func TestALeaseAboveTheMaximumIsClampedInCodeAndRefusedFromTheEnvironment(t *tes
 	}
 	if got := receive(t, c, q, 1, 3*time.Second, true); len(got) != 1 {
 		t.Fatalf("received %d messages, want 1", len(got))
+	}
+}
+
+// The lease (idle_in_transaction_session_timeout) runs from the end of the
+// claim, and after the publish the mark must still reach the server, so a
+// PublishTimeout must leave the mark part of the lease: MarkTimeout (at
+// least 1 s), or half a lease shorter than twice that. Before, NewRelay took
+// any PublishTimeout under Lease: with 999ms of a 1s lease a publish that
+// ran to its deadline had its session ended by the server before the mark,
+// and the rows the queue accepted were left to be sent again.
+func TestAPublishTimeoutThatLeavesTheMarkTooLittleOfTheLeaseIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	accepted, slow := newEvent(t, 1), newEvent(t, 2)
+	addCommitted(t, ctx, pool, accepted, slow)
+	pub := &hangingPublisher{hang: slow.EventID}
+	r, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Lease: time.Second, PublishTimeout: 999 * time.Millisecond})
+	if err == nil {
+		n, err := r.RelayOnce(ctx)
+		t.Fatalf("NewRelay accepted PublishTimeout 999ms of Lease 1s; a publish that hangs to its deadline then claims %d (%v) and leaves the accepted row %+v",
+			n, err, state(t, pool, accepted.EventID))
+	}
+	testenv.WantError(t, "PublishTimeout 999ms of Lease 1s", err,
+		"outbox: PublishTimeout 999ms leaves too little of Lease 1s for the mark: want at most 500ms")
+	for _, c := range []struct {
+		cfg  outbox.RelayConfig
+		want string // "" = accepted
+	}{
+		{outbox.RelayConfig{Lease: time.Second}, ""}, // the default: half the lease
+		{outbox.RelayConfig{Lease: time.Second, PublishTimeout: 500 * time.Millisecond}, ""},
+		{outbox.RelayConfig{}, ""}, // 15s of 30s
+		{outbox.RelayConfig{PublishTimeout: 25 * time.Second}, ""},
+		{outbox.RelayConfig{PublishTimeout: 25*time.Second + time.Millisecond}, "leaves too little of Lease 30s for the mark: want at most 25s"},
+		{outbox.RelayConfig{PublishTimeout: 21 * time.Second, MarkTimeout: 10 * time.Second}, "want at most 20s"},
+		{outbox.RelayConfig{PublishTimeout: 29 * time.Second, MarkTimeout: time.Millisecond}, ""}, // a margin of at least 1s
+		{outbox.RelayConfig{PublishTimeout: 29*time.Second + time.Millisecond, MarkTimeout: time.Millisecond}, "want at most 29s"},
+	} {
+		_, err := outbox.NewRelay(pool, pub, c.cfg)
+		testenv.WantError(t, fmt.Sprintf("%+v", c.cfg), err, c.want)
+	}
+	// The boundary holds: the accepted row is marked, the hung one backed off.
+	r = newRelay(t, pool, pub, outbox.RelayConfig{Lease: time.Second, PublishTimeout: 500 * time.Millisecond, RetryBase: time.Minute})
+	if n, err := r.RelayOnce(ctx); n != 2 || err != nil {
+		t.Fatalf("RelayOnce at the boundary: %d, %v; want 2, nil", n, err)
+	}
+	if s := state(t, pool, accepted.EventID); !s.Published {
+		t.Fatalf("the accepted row at the boundary: %+v; want published", s)
+	}
+	if s := state(t, pool, slow.EventID); s.Published || s.LastError == nil {
+		t.Fatalf("the row that hung: %+v; want rescheduled with its error", s)
 	}
 }

@@ -62,12 +62,15 @@ type RelayConfig struct {
 	// cut off from the server after Lease. A Lease above MaxLease is
 	// clamped to it.
 	Lease time.Duration
-	// PublishTimeout bounds one batch's publish [Lease/2]; it must be less
-	// than Lease. A message still unsent when it runs out counts as failed
-	// and is rescheduled by backoff, and the rest of the batch is marked,
-	// while the claim still holds: a publish allowed the whole lease would
-	// have its session ended by the server before the mark, and the batch
-	// would be claimed and sent again.
+	// PublishTimeout bounds one batch's publish [Lease/2]. A message still
+	// unsent when it runs out counts as failed and is rescheduled by
+	// backoff, and the rest of the batch is marked, while the claim still
+	// holds. The lease runs from the end of the claim, and after the
+	// publish the mark must still reach the server, so PublishTimeout must
+	// leave the mark a margin of the lease, which NewRelay checks:
+	// PublishTimeout <= Lease - min(max(MarkTimeout, 1s), Lease/2). A publish allowed (nearly) the
+	// whole lease would have its session ended by the server before the
+	// mark, and the rows the queue accepted would be claimed and sent again.
 	PublishTimeout time.Duration
 	// MarkTimeout bounds the statements that record a batch's outcome [5s],
 	// on a context of their own, so a slow publish cannot starve them.
@@ -129,6 +132,15 @@ func (c *RelayConfig) defaults() {
 	}
 }
 
+// markMargin is the part of lease that RelayConfig.PublishTimeout must
+// leave for the mark, given the MarkTimeout: the MarkTimeout, at least 1 s
+// (the mark may take that long to reach the server, and a mark sent late
+// finds its session ended), but at most half the lease (the default
+// PublishTimeout's split), so a short lease still leaves the publish half.
+func markMargin(lease, markTimeout time.Duration) time.Duration {
+	return min(max(markTimeout, time.Second), lease/2)
+}
+
 // MaxLease is the longest RelayConfig.Lease. The lease is the claim's
 // idle_in_transaction_session_timeout, an int4 of milliseconds in
 // PostgreSQL (about 24.8 days at most): past that every claim fails. A
@@ -178,9 +190,10 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
 	}
 	cfg.defaults()
-	if cfg.PublishTimeout >= cfg.Lease {
-		return nil, fmt.Errorf("outbox: PublishTimeout %v must be less than Lease %v: the batch must be marked while its claim holds",
-			cfg.PublishTimeout, cfg.Lease)
+	if most := cfg.Lease - markMargin(cfg.Lease, cfg.MarkTimeout); cfg.PublishTimeout > most {
+		return nil, fmt.Errorf("outbox: PublishTimeout %v leaves too little of Lease %v for the mark: want at most %v "+
+			"(Lease less the lesser of MarkTimeout %v, at least 1s, and half the lease), so the batch is marked while its claim holds",
+			cfg.PublishTimeout, cfg.Lease, most, cfg.MarkTimeout)
 	}
 	r := &Relay{pool: pool, pub: pub, cfg: cfg, log: cfg.Logger}
 	mp := cfg.MeterProvider
