@@ -89,3 +89,50 @@ func TestAPublishTimeoutThatLeavesTheMarkTooLittleOfTheLeaseIsRefused(t *testing
 		t.Fatalf("the row that hung: %+v; want rescheduled with its error", s)
 	}
 }
+
+// A Lease under a millisecond still ends a frozen relay's claim: the
+// setting is in whole milliseconds, and 0 turns the timeout off. Before,
+// 500µs became idle_in_transaction_session_timeout = 0, and a relay that
+// hung mid-batch held its rows for ever instead of for its lease.
+func TestASubMillisecondLeaseStillReleasesAFrozenRelaysRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	e := newEvent(t, 1)
+	addCommitted(t, ctx, pool, e)
+	stuck := &stuckPublisher{started: make(chan struct{}), release: make(chan struct{})}
+	frozen := newRelay(t, pool, stuck, outbox.RelayConfig{Lease: 500 * time.Microsecond, DisableListen: true})
+	done := make(chan error, 1)
+	go func() { _, err := frozen.RelayOnce(ctx); done <- err }()
+	<-stuck.started
+	defer func() { close(stuck.release); <-done }()
+	_, _, pub := queue(t)
+	rescuer := newRelay(t, pool, pub, outbox.RelayConfig{DisableListen: true})
+	waitFor(t, 5*time.Second, "the frozen relay's claim to end and another relay to publish the row", func() bool {
+		n, err := rescuer.RelayOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	if s := state(t, pool, e.EventID); !s.Published || s.Attempts != 1 {
+		t.Fatalf("after the rescue: %+v; want published once", s)
+	}
+}
+
+// A BatchSize past MaxBatchSize is refused, from code and from the
+// environment, with the bound in the error: the claim allocates room for
+// BatchSize messages on every poll, so a typo of a few zeros would take the
+// process's memory instead of failing at start.
+func TestABatchSizeAboveTheMaximumIsRefused(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	_, _, pub := queue(t)
+	_, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{BatchSize: outbox.MaxBatchSize + 1})
+	testenv.WantError(t, "BatchSize MaxBatchSize+1", err, fmt.Sprintf("outbox: BatchSize %d is above MaxBatchSize %d", outbox.MaxBatchSize+1, outbox.MaxBatchSize))
+	_, err = outbox.NewRelay(pool, pub, outbox.RelayConfig{BatchSize: outbox.MaxBatchSize})
+	testenv.WantError(t, "BatchSize MaxBatchSize", err, "")
+	testenv.WantError(t, "RELAY_BATCH_SIZE=1000000000", outbox.RelayEnv{BatchSize: 1_000_000_000}.Validate("RELAY_"),
+		fmt.Sprintf("RELAY_BATCH_SIZE=1000000000: want 1..%d, or unset for the default", outbox.MaxBatchSize))
+	testenv.WantError(t, "RELAY_BATCH_SIZE=MaxBatchSize", outbox.RelayEnv{BatchSize: outbox.MaxBatchSize}.Validate("RELAY_"), "")
+}

@@ -46,8 +46,9 @@ type Publisher interface {
 
 // RelayConfig tunes a Relay. Zero values take the defaults in brackets.
 type RelayConfig struct {
-	// BatchSize is how many rows one claim takes [100]. The publisher splits
-	// them into SQS batches of 10 and sends those concurrently.
+	// BatchSize is how many rows one claim takes [100], at most
+	// MaxBatchSize. The publisher splits them into SQS batches of 10 and
+	// sends those concurrently.
 	BatchSize int
 	// Workers is how many claim-publish-mark loops run in this process [2],
 	// so one batch is being claimed while another is on the wire.
@@ -59,8 +60,9 @@ type RelayConfig struct {
 	// batch's transaction, and the transaction runs with
 	// idle_in_transaction_session_timeout = Lease: a relay that dies
 	// releases its rows at once (its session ends), one that hangs or is
-	// cut off from the server after Lease. A Lease above MaxLease is
-	// clamped to it.
+	// cut off from the server after Lease. The setting is in whole
+	// milliseconds, and 0 would turn it off: a Lease is rounded up to a
+	// whole millisecond, and one above MaxLease is clamped to it.
 	Lease time.Duration
 	// PublishTimeout bounds one batch's publish [Lease/2]. A message still
 	// unsent when it runs out counts as failed and is rescheduled by
@@ -119,7 +121,7 @@ func (c *RelayConfig) defaults() {
 	}
 	def(&c.PollInterval, 500*time.Millisecond)
 	def(&c.Lease, 30*time.Second)
-	c.Lease = min(c.Lease, MaxLease)
+	c.Lease = min(leaseMillis(c.Lease), MaxLease)
 	def(&c.PublishTimeout, c.Lease/2)
 	def(&c.MarkTimeout, 5*time.Second)
 	def(&c.RetryBase, retry.BaseDefault)
@@ -140,6 +142,19 @@ func (c *RelayConfig) defaults() {
 func markMargin(lease, markTimeout time.Duration) time.Duration {
 	return min(max(markTimeout, time.Second), lease/2)
 }
+
+// leaseMillis rounds a positive lease up to a whole millisecond, the unit
+// of idle_in_transaction_session_timeout, so that no lease becomes 0
+// there, which turns the timeout off.
+func leaseMillis(d time.Duration) time.Duration {
+	return (d + time.Millisecond - 1).Truncate(time.Millisecond)
+}
+
+// MaxBatchSize is the largest RelayConfig.BatchSize (and RELAY_BATCH_SIZE):
+// a claim allocates room for BatchSize messages on every poll and holds
+// them through the publish, and far fewer keep the queue busy (the
+// publisher sends them 10 at a time).
+const MaxBatchSize = 10_000
 
 // MaxLease is the longest RelayConfig.Lease. The lease is the claim's
 // idle_in_transaction_session_timeout, an int4 of milliseconds in
@@ -190,6 +205,10 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
 	}
 	cfg.defaults()
+	if cfg.BatchSize > MaxBatchSize {
+		return nil, fmt.Errorf("outbox: BatchSize %d is above MaxBatchSize %d: a claim allocates room for BatchSize messages on every poll",
+			cfg.BatchSize, MaxBatchSize)
+	}
 	if most := cfg.Lease - markMargin(cfg.Lease, cfg.MarkTimeout); cfg.PublishTimeout > most {
 		return nil, fmt.Errorf("outbox: PublishTimeout %v leaves too little of Lease %v for the mark: want at most %v "+
 			"(Lease less the lesser of MarkTimeout %v, at least 1s, and half the lease), so the batch is marked while its claim holds",

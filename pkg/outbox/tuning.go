@@ -44,14 +44,15 @@ func fill[T time.Duration | int](dst *T, v T) {
 
 // Validate refuses what Apply would silently drop or the relay cannot run
 // with: a negative setting (Apply would keep the default instead), a lease
-// above MaxLease (NewRelay would clamp it), and a retry base above the
+// above MaxLease (NewRelay would clamp it) or under 1s, a batch size above
+// MaxBatchSize (NewRelay would refuse it), and a retry base above the
 // retry maximum. prefix is the variables' prefix as
 // the service embeds RelayEnv ("RELAY_"), for the errors to name them.
 func (e RelayEnv) Validate(prefix string) error {
 	c := settings.Errors{Prefix: prefix}
 	c.Tuning("LEASE", e.Lease, time.Second, MaxLease)
 	c.Tuning("POLL_INTERVAL", e.PollInterval, time.Millisecond, 0)
-	c.TuningInt("BATCH_SIZE", e.BatchSize, 1, 0)
+	c.TuningInt("BATCH_SIZE", e.BatchSize, 1, MaxBatchSize)
 	c.TuningInt("WORKERS", e.Workers, 1, 0)
 	c.Tuning("RETRY_BASE", e.RetryBase, time.Millisecond, 0)
 	c.Tuning("RETRY_MAX", e.RetryMax, time.Millisecond, 0)

@@ -20,7 +20,7 @@ func TestRelayEnvValidateRefusesWhatApplyWouldDrop(t *testing.T) {
 		{outbox.RelayEnv{}, ""},
 		{outbox.RelayEnv{Lease: 2 * time.Second, PollInterval: 100 * time.Millisecond, DeleteOnPublish: true}, ""},
 		{outbox.RelayEnv{BatchSize: 500, Workers: 4, RetryBase: time.Second, RetryMax: time.Second}, ""},
-		{outbox.RelayEnv{BatchSize: -1}, "RELAY_BATCH_SIZE=-1: want at least 1, or unset for the default"},
+		{outbox.RelayEnv{BatchSize: -1}, "RELAY_BATCH_SIZE=-1: want 1..10000, or unset for the default"},
 		{outbox.RelayEnv{Workers: -2}, "RELAY_WORKERS=-2"},
 		{outbox.RelayEnv{Lease: 500 * time.Millisecond}, "RELAY_LEASE=500ms: want 1s..24h0m0s"},
 		{outbox.RelayEnv{PollInterval: -time.Second}, "RELAY_POLL_INTERVAL=-1s"},

@@ -72,7 +72,7 @@ func TestConfigErrorsAreClear(t *testing.T) {
 		{"a client without the role pay", map[string]string{"PAYMENTS_API_KEYS": "web/read:" + testAPIKey}, nil, "no client has the role pay"},
 		{"an unknown role", map[string]string{"PAYMENTS_API_KEYS": "web/root:" + testAPIKey}, nil, `role "root"`},
 		{"a host in PORT and in LISTEN_ADDR", map[string]string{"PORT": "0.0.0.0:8081", "LISTEN_ADDR": "127.0.0.1"}, nil, "LISTEN_ADDR"},
-		{"a negative relay batch", map[string]string{"RELAY_BATCH_SIZE": "-1"}, nil, "RELAY_BATCH_SIZE=-1: want at least 1, or unset for the default"},
+		{"a negative relay batch", map[string]string{"RELAY_BATCH_SIZE": "-1"}, nil, "RELAY_BATCH_SIZE=-1: want 1..10000, or unset for the default"},
 		{"a relay lease under a second", map[string]string{"RELAY_LEASE": "200ms"}, []string{"relay"}, "RELAY_LEASE=200ms"},
 		{"a pool of no connections", map[string]string{"DB_MAX_CONNS": "0"}, nil, "DB_MAX_CONNS=0: want at least 1"},
 		{"no write deadline", map[string]string{"HTTP_WRITE_TIMEOUT": "0s"}, nil, "HTTP_WRITE_TIMEOUT=0s"},
