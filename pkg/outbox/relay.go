@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"maps"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -38,7 +40,9 @@ type Message struct {
 // Publisher sends messages to a queue or topic. PublishBatch returns, per
 // message id, the error of each message that was NOT accepted; every message
 // absent from that map was accepted. An error return means none can be
-// assumed accepted. pkg/sqstransport.Publisher implements it with
+// assumed accepted. Each error's text becomes the failed row's last_error,
+// made valid UTF-8, without NUL and cut to 2 KB, so no error text can fail
+// the batch's mark. pkg/sqstransport.Publisher implements it with
 // SendMessageBatch.
 type Publisher interface {
 	PublishBatch(ctx context.Context, msgs []Message) (failed map[uuid.UUID]error, err error)
@@ -625,8 +629,29 @@ var rescheduleSQL = `
 		FROM unnest($1::uuid[], $2::text[]) AS f(id, reason)
 		WHERE o.id = f.id AND o.published_at IS NULL`
 
+// maxReason bounds a stored last_error, in bytes.
+const maxReason = 2048
+
+// reason is err's text as last_error stores it: valid UTF-8 (each invalid
+// sequence a U+FFFD), without NUL (PostgreSQL's text holds neither, and
+// a refused one would fail the whole batch's mark), and at most maxReason
+// bytes, cut at a character. Any Publisher's error, and any row's own,
+// is stored through it.
+func reason(err error) string {
+	s := strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "\uFFFD"), "\x00", "")
+	if len(s) <= maxReason {
+		return s
+	}
+	cut := maxReason
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
 // finish records the outcome of a batch and commits its transaction, in one
-// round trip: one UPDATE for all the published rows, one for all the failed
+// round trip (each failure's reason cleaned by reason, so that no error
+// text can fail it): one UPDATE for all the published rows, one for all the failed
 // ones (each failure gets its own backoff from its attempt count). If that
 // fails, the transaction is gone with its locks, and the failed rows are
 // rescheduled once more on their own: left as they were, they would be
@@ -638,7 +663,7 @@ func (r *Relay) finish(ctx context.Context, conn *pgx.Conn, ok [][16]byte, faile
 	reasons := make([]string, 0, len(failed))
 	for id, err := range failed {
 		ids = append(ids, id)
-		reasons = append(reasons, err.Error())
+		reasons = append(reasons, reason(err))
 	}
 	b := &pgx.Batch{}
 	var published int64

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -988,4 +989,77 @@ func TestFailedRowsAreRescheduledWhenTheMarkTimesOut(t *testing.T) {
 	if s := state(t, pool, failing.EventID); s.Attempts != 1 || s.LastError == nil || s.DueIn < 30*time.Second {
 		t.Errorf("the failed row after the mark timed out: %+v; want attempt 1 recorded with its error, due in about a minute", s)
 	}
+}
+
+// A publisher's error that PostgreSQL cannot store as text (a NUL, bytes
+// that are not UTF-8) or that is very long is stored cleaned: valid UTF-8,
+// no NUL, at most 2 KB. Before, the whole finish of the batch failed on it:
+// the rows the queue accepted were never marked and were sent again on
+// every pass, and the failed row's fallback reschedule failed the same way,
+// so it was due again at once, for ever.
+func TestAFailureReasonPostgresCannotStoreIsStoredCleanedAndTheBatchIsMarked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	good, odd, long := newEvent(t, 1), newEvent(t, 2), newEvent(t, 3)
+	addCommitted(t, ctx, pool, good, odd, long)
+	pub := &refusingPublisher{refuse: map[uuid.UUID]error{
+		odd.EventID:  errors.New("sqs rejected the message: odd: \x00\xff end"),
+		long.EventID: errors.New("sqs rejected the message: " + strings.Repeat("é", 5000)),
+	}}
+	relay := newRelay(t, pool, pub, outbox.RelayConfig{DisableListen: true, RetryBase: time.Minute, RetryMax: time.Hour})
+	for i := range 3 {
+		if n, err := relay.RelayOnce(ctx); err != nil || n != []int{3, 0, 0}[i] {
+			t.Errorf("RelayOnce %d: claimed %d, %v; want 3 and then nothing (the refused rows backed off)", i+1, n, err)
+		}
+	}
+	if s, sends := state(t, pool, good.EventID), pub.sends(good.EventID); !s.Published || sends != 1 {
+		t.Errorf("the accepted row after 3 passes: %+v, sent %d times; want published after its one send", s, sends)
+	}
+	s := state(t, pool, odd.EventID)
+	if s.LastError == nil || s.Attempts != 1 || s.DueIn < 30*time.Second {
+		t.Fatalf("the row refused with a NUL and a non-UTF-8 byte in its error: %+v; want rescheduled by backoff (about a minute)", s)
+	}
+	if got, want := *s.LastError, "sqs rejected the message: odd: \uFFFD end"; got != want {
+		t.Errorf("its last_error is %q, want %q", got, want)
+	}
+	s = state(t, pool, long.EventID)
+	if s.LastError == nil || s.DueIn < 30*time.Second {
+		t.Fatalf("the row refused with a 10 KB error: %+v; want rescheduled by backoff", s)
+	}
+	if n := len(*s.LastError); n > 2048 || !utf8.ValidString(*s.LastError) || !strings.HasPrefix(*s.LastError, "sqs rejected the message: éé") {
+		t.Errorf("its last_error holds %d bytes (valid UTF-8: %v): %.60q...; want the start of the error, at most 2048 bytes",
+			n, utf8.ValidString(*s.LastError), *s.LastError)
+	}
+}
+
+// refusingPublisher accepts every message but those in refuse, which it
+// reports failed with their error, and counts each id's sends.
+type refusingPublisher struct {
+	refuse   map[uuid.UUID]error
+	mu       sync.Mutex
+	accepted map[uuid.UUID]int
+}
+
+func (p *refusingPublisher) PublishBatch(_ context.Context, msgs []outbox.Message) (map[uuid.UUID]error, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.accepted == nil {
+		p.accepted = map[uuid.UUID]int{}
+	}
+	failed := map[uuid.UUID]error{}
+	for _, m := range msgs {
+		if err, ok := p.refuse[m.EventID]; ok {
+			failed[m.EventID] = err
+			continue
+		}
+		p.accepted[m.EventID]++
+	}
+	return failed, nil
+}
+
+func (p *refusingPublisher) sends(id uuid.UUID) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepted[id]
 }
