@@ -143,8 +143,11 @@ func OpenPool(ctx context.Context, url string, maxConns int32, wait time.Duratio
 }
 
 // Task is a long-running part of a service (HTTP server, relay, consumer).
-// It runs until ctx is cancelled and then returns nil after finishing its
-// in-flight work; any other return stops the whole service.
+// It runs until ctx is cancelled and then returns nil (or an error wrapping
+// context.Canceled) after finishing its in-flight work. Any other return
+// stops the whole service with an error: a task error, and also a return
+// of nil or of context.Canceled while ctx is still live, since the service
+// would otherwise stay up, and ready, without that task's work.
 type Task struct {
 	Name string
 	Run  func(ctx context.Context) error
@@ -234,8 +237,8 @@ func (p Process) HTTP() HTTPTimeouts {
 // shutdown deadline (its message names them).
 var ErrShutdownDeadline = errors.New("shutdown deadline exceeded")
 
-// Run runs tasks until SIGINT/SIGTERM or until one fails, then cancels the
-// rest and waits for them to drain, for at most shutdown (zero or less:
+// Run runs tasks until SIGINT/SIGTERM or until one fails or returns before
+// shutdown (see Task), then cancels the rest and waits for them to drain, for at most shutdown (zero or less:
 // DefaultShutdownTimeout). It returns the first task error, or an error
 // naming the tasks still running at the deadline (the caller then exits
 // and the process's end stops them; everything they had not committed is
@@ -258,9 +261,19 @@ func Run(ctx context.Context, log *slog.Logger, shutdown time.Duration, tasks ..
 			defer func() { mu.Lock(); delete(running, t.Name); mu.Unlock() }()
 			log.Info("started", "task", t.Name)
 			err := t.Run(gctx)
-			if err != nil && !errors.Is(err, context.Canceled) {
+			switch {
+			case err != nil && !errors.Is(err, context.Canceled):
 				log.Error("task failed: stopping the service", "task", t.Name, "error", err)
 				return fmt.Errorf("%s: %w", t.Name, err)
+			case gctx.Err() == nil:
+				// nil or context.Canceled are clean only once shutdown began.
+				if err == nil {
+					err = fmt.Errorf("%s: returned before shutdown, without an error", t.Name)
+				} else {
+					err = fmt.Errorf("%s: returned before shutdown: %w", t.Name, err)
+				}
+				log.Error("task returned before shutdown: stopping the service", "task", t.Name, "error", err)
+				return err
 			}
 			log.Info("stopped", "task", t.Name)
 			return nil

@@ -172,6 +172,71 @@ func TestRunStopsWaitingForATaskThatIgnoresCancellationAtTheShutdownDeadline(t *
 	}
 }
 
+// A task that returns nil, or an error of its own wrapping context.Canceled,
+// while the service is not shutting down has stopped doing its work (a
+// relay or consumer loop that quit): Run must stop the whole service with
+// an error naming it, not log "stopped" and keep the rest running and
+// ready without it. The same returns once shutdown began are clean.
+func TestATaskReturningBeforeShutdownStopsTheServiceWithAnError(t *testing.T) {
+	for name, early := range map[string]error{
+		"nil":                      nil,
+		"its own context.Canceled": errors.Join(errors.New("consumer: receive"), context.Canceled),
+	} {
+		t.Run(name, func(t *testing.T) {
+			var buf bytes.Buffer
+			log := slog.New(slog.NewJSONHandler(&buf, nil))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				done <- service.Run(ctx, log, time.Second,
+					service.Task{Name: "quits", Run: func(context.Context) error { return early }},
+					service.Task{Name: "serves", Run: func(ctx context.Context) error { <-ctx.Done(); return nil }})
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(3 * time.Second):
+				t.Fatal("task \"quits\" returned before shutdown, yet Run still runs the service 3 s later")
+			}
+			if err == nil || !strings.Contains(err.Error(), "quits: returned before shutdown") {
+				t.Errorf("Run returned %v, want an error naming the task that returned before shutdown", err)
+			}
+			var failed, quitStopped, servesStopped bool
+			for _, rec := range records(t, &buf) {
+				switch {
+				case rec["msg"] == "task returned before shutdown: stopping the service" && rec["task"] == "quits" && rec["level"] == "ERROR":
+					failed = true
+				case rec["msg"] == "stopped" && rec["task"] == "quits":
+					quitStopped = true
+				case rec["msg"] == "stopped" && rec["task"] == "serves":
+					servesStopped = true
+				}
+			}
+			if !failed || quitStopped {
+				t.Errorf("want an ERROR record for the early return of \"quits\" and no \"stopped\" one; log:\n%s", buf.String())
+			}
+			if !servesStopped {
+				t.Errorf("the other task was not stopped; log:\n%s", buf.String())
+			}
+		})
+	}
+	t.Run("the same returns after shutdown began are clean", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- service.Run(ctx, slog.New(slog.DiscardHandler), time.Second,
+				service.Task{Name: "nil", Run: func(ctx context.Context) error { <-ctx.Done(); return nil }},
+				service.Task{Name: "canceled", Run: func(ctx context.Context) error { <-ctx.Done(); return fmt.Errorf("receive: %w", ctx.Err()) }})
+		}()
+		time.Sleep(50 * time.Millisecond)
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run returned %v after shutdown, want nil", err)
+		}
+	})
+}
+
 // The process settings are loaded with the service's config, by name, with
 // their defaults; a malformed one is refused at start, named.
 func TestProcessSettingsLoadWithTheServiceConfigAndAreRefusedByName(t *testing.T) {
