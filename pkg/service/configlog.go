@@ -131,9 +131,22 @@ func configValue(v reflect.Value, secret bool) string {
 // string replaced by "xxxxx": the user info of a URL
 // (postgres://u:pw@host), its query parameters password= and sslpassword=,
 // and the same keys in the keyword/value form (host=h password=pw, or
-// password='p w' quoted). Any other string is returned as it is.
+// password='p w' quoted). A URL whose password holds a character it should
+// have percent-encoded (postgres://u:p#w@host, u:p?w@, u:p/w@), which
+// url.Parse refuses or misreads but pgx may connect with, is masked from
+// the user's ':' to the last '@' and in every password= parameter: that may
+// hide more than the password, never less. Any other string is returned as
+// it is.
 func RedactURL(s string) string {
-	if u, err := url.Parse(s); err == nil && u.Scheme != "" && u.Host != "" {
+	scheme, rest, isURL := strings.Cut(s, "://")
+	if !isURL || !urlScheme.MatchString(scheme) {
+		return kvPassword.ReplaceAllString(s, "${1}xxxxx")
+	}
+	// url.Parse reads the password where pgx (as libpq) does only if no
+	// '@' or '#' follows the host: else a password may be in what it took
+	// for the host, path, query or fragment.
+	tail := rest[strings.IndexAny(rest+"/", "/?#"):]
+	if u, err := url.Parse(s); err == nil && u.Host != "" && !strings.ContainsAny(tail, "@#") {
 		changed := false
 		if _, has := u.User.Password(); has {
 			u.User, changed = url.UserPassword(u.User.Username(), "xxxxx"), true
@@ -151,9 +164,28 @@ func RedactURL(s string) string {
 		u.RawQuery = q.Encode()
 		return u.String()
 	}
-	return kvPassword.ReplaceAllString(s, "${1}xxxxx")
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		if user, _, has := strings.Cut(rest[:at], ":"); has {
+			rest = user + ":xxxxx" + rest[at:]
+		}
+	}
+	return scheme + "://" + queryParam.ReplaceAllStringFunc(rest, func(p string) string {
+		key, _, _ := strings.Cut(p[1:], "=")
+		if k, err := url.PathUnescape(key); err == nil && (k == "password" || k == "sslpassword") {
+			return p[:1] + key + "=xxxxx"
+		}
+		return p
+	})
 }
 
 // kvPassword is a password (or sslpassword) in libpq's keyword/value form:
 // a single-quoted value with \' and \\ escapes, or a bare word.
 var kvPassword = regexp.MustCompile(`((?:^|\s)(?:ssl)?password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s']\S*|'.*)`)
+
+// urlScheme is the scheme of a URL (RFC 3986), which a keyword/value
+// string, holding '=' or a space before any "://", never matches.
+var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*$`)
+
+// queryParam is a query parameter as libpq reads one: from '?' or '&' to
+// the next '&', '#' included.
+var queryParam = regexp.MustCompile(`[?&][^?&=]*=[^&]*`)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/effectively-once/payments-cashback/pkg/service"
 )
@@ -43,6 +44,51 @@ func TestRedactURLMasksThePasswordInEveryFormPgxAccepts(t *testing.T) {
 		}
 		if strings.Contains(got, "hunter2") {
 			t.Errorf("RedactURL(%q) leaks the password: %q", in, got)
+		}
+	}
+}
+
+// A password with a character it should have percent-encoded ('#', '?',
+// '/' or '@', as generated passwords often have) makes url.Parse refuse
+// the URL or read it wrongly, while pgx reads it as libpq does and
+// connects with it: the config summary, written at every start, must mask
+// it all the same. Where such a URL is ambiguous the mask may cover more
+// than the password, never less.
+func TestRedactURLMasksAPasswordThatIsNotPercentEncoded(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://app:hun#ter2@db:5432/app":                                "postgres://app:xxxxx@db:5432/app",
+		"postgres://app:hun?ter2@db:5432/app":                                "postgres://app:xxxxx@db:5432/app",
+		"postgres://app:hun/ter2+YmFy@db:5432/app?sslmode=disable":           "postgres://app:xxxxx@db:5432/app?sslmode=disable",
+		"postgres://app:1234/5678@db/app":                                    "postgres://app:xxxxx@db/app", // url.Parse reads no password here
+		"postgres://app:hun@ter2@db/app":                                     "postgres://app:xxxxx@db/app",
+		"postgresql://app:hun#ter2@db/app?sslmode=disable&password=hun#ter2": "postgresql://app:xxxxx@db/app?sslmode=disable&password=xxxxx",
+		"postgres://db/app?sslmode=disable#&password=hun#ter2":               "postgres://db/app?sslmode=disable#&password=xxxxx",
+		"postgres://db/app?application_name=a#b&pass%77ord=hunter2":          "postgres://db/app?application_name=a#b&pass%77ord=xxxxx",
+		"host=db user=app password=hun#ter2/?@x dbname=app":                  "host=db user=app password=xxxxx dbname=app",
+	} {
+		got := service.RedactURL(in)
+		if got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+		for _, part := range []string{"hun", "ter2", "YmFy", "5678"} {
+			if strings.Contains(got, part) {
+				t.Errorf("RedactURL(%q) leaks the password: %q", in, got)
+				break
+			}
+		}
+	}
+	// What pgx itself takes for the password is not in the summary.
+	for _, in := range []string{"postgres://app:hun#ter2@db:5432/app", "postgres://app:hun?ter2@db:5432/app", "postgres://app:hun@ter2@db/app"} {
+		cfg, err := pgconn.ParseConfig(in)
+		if err != nil {
+			t.Fatalf("pgx refuses %q: %v", in, err)
+		}
+		var buf bytes.Buffer
+		service.LogConfig(slog.New(slog.NewJSONHandler(&buf, nil)), struct {
+			URL string `env:"DB_URL"`
+		}{in})
+		if cfg.Password == "" || strings.Contains(buf.String(), cfg.Password) {
+			t.Errorf("pgx connects to %q with the password %q, and the config summary holds it: %s", in, cfg.Password, strings.TrimSpace(buf.String()))
 		}
 	}
 }
