@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,45 +63,75 @@ var clientName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 // "web:K1,ops/read+admin:K2". An entry without roles gets def. Names must
 // be unique and plain (letters, digits, _ . -), roles among Roles, keys at
 // least MinAPIKeyLength bytes, and no two clients may share a key (the
-// service could not tell them apart). The error never contains a key.
+// service could not tell them apart). The error never contains a key, nor
+// a piece of one written where the name or a role goes: it names the entry
+// by its position, its shape and key are checked before anything else in
+// it, and it quotes a name or role only when shorter than 16 bytes (a
+// typo); a longer one is given by its length.
 func ParseAPIKeys(s string, def ...Role) (APIKeys, error) {
 	var ks APIKeys
+	var labels []string // of ks.clients, as errors name them
 	seen := map[string]bool{}
 	for i, part := range strings.Split(s, ",") {
 		who, key, ok := strings.Cut(strings.TrimSpace(part), ":")
+		// Until the key is where a key goes, the rest may be a key (a ':'
+		// mistyped, name and key swapped): nothing of it is repeated.
+		switch {
+		case !ok:
+			return APIKeys{}, fmt.Errorf("entry %d: want name[/role+role]:key", i+1)
+		case len(key) < MinAPIKeyLength:
+			return APIKeys{}, fmt.Errorf("entry %d: key shorter than %d bytes", i+1, MinAPIKeyLength)
+		}
 		name, roleList, hasRoles := strings.Cut(who, "/")
+		entry := fmt.Sprintf("entry %d", i+1)
+		if !clientName.MatchString(name) {
+			return APIKeys{}, fmt.Errorf("%s: client name %s: want 1-64 of A-Z a-z 0-9 _ . -", entry, shown(name))
+		}
+		label, hint := fmt.Sprintf("(entry %d)", i+1), "<name>"
+		if len(name) < maxShown {
+			entry += " (client " + name + ")"
+			label, hint = name, name
+		}
 		roles := slices.Clone(def)
 		if hasRoles {
 			roles = nil
 			for _, r := range strings.Split(roleList, "+") {
 				if !slices.Contains(Roles, Role(r)) {
-					return APIKeys{}, fmt.Errorf("entry %d (client %s): role %q: want %s", i+1, name, r, roleNames(Roles))
+					return APIKeys{}, fmt.Errorf("%s: role %s: want %s", entry, shown(r), roleNames(Roles))
 				}
 				roles = append(roles, Role(r))
 			}
 		}
 		switch {
-		case !ok:
-			return APIKeys{}, fmt.Errorf("entry %d: want name[/role+role]:key", i+1)
-		case !clientName.MatchString(name):
-			return APIKeys{}, fmt.Errorf("entry %d: client name %q: want 1-64 of A-Z a-z 0-9 _ . -", i+1, name)
 		case seen[name]:
-			return APIKeys{}, fmt.Errorf("entry %d: client %q listed twice", i+1, name)
-		case len(key) < MinAPIKeyLength:
-			return APIKeys{}, fmt.Errorf("entry %d (client %s): key shorter than %d bytes", i+1, name, MinAPIKeyLength)
+			return APIKeys{}, fmt.Errorf("entry %d: client %s listed twice", i+1, shown(name))
 		case len(roles) == 0:
-			return APIKeys{}, fmt.Errorf("entry %d (client %s): no roles: write %s/<role>:<key>, role one of %s", i+1, name, name, roleNames(Roles))
+			return APIKeys{}, fmt.Errorf("%s: no roles: write %s/<role>:<key>, role one of %s", entry, hint, roleNames(Roles))
 		}
 		d := sha256.Sum256([]byte(key))
-		for _, c := range ks.clients {
+		for j, c := range ks.clients {
 			if c.digest == d {
-				return APIKeys{}, fmt.Errorf("clients %s and %s have the same key: give each client its own", c.name, name)
+				return APIKeys{}, fmt.Errorf("clients %s and %s have the same key: give each client its own", labels[j], label)
 			}
 		}
 		seen[name] = true
 		ks.clients = append(ks.clients, apiClient{name: name, digest: d, roles: roles})
+		labels = append(labels, label)
 	}
 	return ks, nil
+}
+
+// maxShown bounds what ParseAPIKeys' errors repeat of a name or role: a
+// typo is shorter, a key (MinAPIKeyLength) or a telling piece of one is not.
+const maxShown = 16
+
+// shown is how an error of ParseAPIKeys gives a name or role: quoted when
+// shorter than maxShown, else only by its length.
+func shown(s string) string {
+	if len(s) < maxShown {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("(%d bytes, not shown)", len(s))
 }
 
 func roleNames(rs []Role) string {

@@ -106,6 +106,35 @@ func TestTwoClientsWithTheSameKeyAreRefused(t *testing.T) {
 	}
 }
 
+// A key written where the name or a role goes (the ':' mistyped or left
+// out, name and key swapped, a role list holding a key) is refused at
+// start, and the error, which goes to the startup log, says which entry is
+// wrong without repeating the key or a piece of it. A short typo of a role
+// is still quoted, so the operator sees what to fix.
+func TestParseAPIKeysErrorsNeverRepeatAKeyWrittenInTheWrongPlace(t *testing.T) {
+	key := "0123456789abcdef0123456789abcdef0123456789abcdef"
+	b64 := "Zm9vYmFyYmF6cXV4/Zm9vYmFyYmF6cXV4+Zm9vYmFy" // base64: its '/' and '+' split it into name and roles
+	good := "web:fedcba9876543210fedcba9876543210"
+	for in, want := range map[string]string{
+		"ops/admin=" + key: "entry 1: want name[/role+role]:key",
+		"ops/admin " + key: "entry 1: want name[/role+role]:key",
+		"ops/" + key:       "entry 1: want name[/role+role]:key",
+		key + ":ops":       "entry 1: key shorter than 32 bytes",
+		b64 + ":ops":       "entry 1: key shorter than 32 bytes",
+		good + ",ops/" + key + ":" + key[1:] + "x": "entry 2 (client ops): role (48 bytes, not shown): want read, admin, pay, send",
+		good + "," + key + "=:" + key[1:] + "x":    "entry 2: client name (49 bytes, not shown): want 1-64 of A-Z a-z 0-9 _ . -",
+		good + ",ops/read+reed:" + key:             `entry 2 (client ops): role "reed": want read, admin, pay, send`,
+	} {
+		_, err := service.ParseAPIKeys(in, service.RoleRead)
+		if err == nil || err.Error() != want {
+			t.Errorf("ParseAPIKeys(%q) = %v, want %q", in, err, want)
+		}
+		if err != nil && (strings.Contains(err.Error(), key[:12]) || strings.Contains(err.Error(), b64[:12])) {
+			t.Errorf("ParseAPIKeys(%q): the error carries the key: %v", in, err)
+		}
+	}
+}
+
 // /readyz names each check and says ok or failing; the error's text (a
 // host, a driver's message) goes to the log only.
 func TestReadyzReportsEachChecksNameAndStatusAndLogsTheDetail(t *testing.T) {
