@@ -108,9 +108,10 @@ func Serve[C Configured](ctx context.Context, name string, cfg C, log *slog.Logg
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
-	// Past the shutdown deadline, tasks still running hold connections, and
-	// closing the pool (or the app) would wait for them: the process exits
-	// instead, and its end releases them, as a crash's would.
+	// Past the shutdown deadline (or a second signal), tasks still running
+	// hold connections, and closing the pool (or the app) would wait for
+	// them: the process exits instead, and its end releases them, as a
+	// crash's would.
 	abandoned := false
 	defer func() {
 		if !abandoned {
@@ -127,6 +128,6 @@ func Serve[C Configured](ctx context.Context, name string, cfg C, log *slog.Logg
 		}
 	}()
 	err = Run(ctx, log, cfg.ProcessConfig().ShutdownTimeout, append(app.Tasks(), extra...)...)
-	abandoned = errors.Is(err, ErrShutdownDeadline)
+	abandoned = errors.Is(err, ErrShutdownDeadline) || errors.Is(err, ErrShutdownCutShort)
 	return err
 }

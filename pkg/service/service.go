@@ -237,19 +237,30 @@ func (p Process) HTTP() HTTPTimeouts {
 // shutdown deadline (its message names them).
 var ErrShutdownDeadline = errors.New("shutdown deadline exceeded")
 
-// Run runs tasks until SIGINT/SIGTERM or until one fails or returns before
-// shutdown (see Task), then cancels the rest and waits for them to drain, for at most shutdown (zero or less:
-// DefaultShutdownTimeout). It returns the first task error, or an error
-// naming the tasks still running at the deadline (the caller then exits
-// and the process's end stops them; everything they had not committed is
-// redelivered or reclaimed, as after a crash).
+// ErrShutdownCutShort is Run's error when a second SIGINT or SIGTERM ended
+// the drain before its deadline (its message names the tasks still running).
+var ErrShutdownCutShort = errors.New("shutdown cut short by a second signal")
+
+// Run runs tasks until SIGINT/SIGTERM, until ctx ends or until a task fails
+// or returns before shutdown (see Task), then cancels the rest and waits
+// for them to drain, for at most shutdown (zero or less:
+// DefaultShutdownTimeout). A second SIGINT or SIGTERM (the first began the
+// drain, or came during a drain begun otherwise) ends the wait at once. It
+// returns the first task error, or an error naming the tasks still running
+// at the deadline (ErrShutdownDeadline) or at the second signal
+// (ErrShutdownCutShort): the caller then exits and the process's end stops
+// them; everything they had not committed is redelivered or reclaimed, as
+// after a crash.
 func Run(ctx context.Context, log *slog.Logger, shutdown time.Duration, tasks ...Task) error {
 	deadline := shutdown
 	if deadline <= 0 {
 		deadline = DefaultShutdownTimeout
 	}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	g, gctx := errgroup.WithContext(ctx)
 	var mu sync.Mutex
 	running := map[string]bool{}
@@ -279,26 +290,46 @@ func Run(ctx context.Context, log *slog.Logger, shutdown time.Duration, tasks ..
 			return nil
 		})
 	}
-	done := make(chan error, 1)
-	go func() { done <- g.Wait() }()
-	select {
-	case err := <-done:
-		return err
-	case <-gctx.Done():
-	}
-	log.Info("shutting down: draining in-flight work", "deadline", deadline.String())
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(deadline):
+	stillRunning := func() string {
 		mu.Lock()
+		defer mu.Unlock()
 		names := make([]string, 0, len(running))
 		for n := range running {
 			names = append(names, n)
 		}
-		mu.Unlock()
 		slices.Sort(names)
-		return fmt.Errorf("%w: %v; still running: %s", ErrShutdownDeadline, deadline, strings.Join(names, ", "))
+		return strings.Join(names, ", ")
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	signalled := false
+	select {
+	case err := <-done:
+		return err
+	case <-gctx.Done():
+	case s := <-sigs:
+		log.Info("signal received", "signal", s.String())
+		signalled = true
+		cancel()
+	}
+	log.Info("shutting down: draining in-flight work", "deadline", deadline.String())
+	timer := time.NewTimer(deadline)
+	defer timer.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-timer.C:
+			return fmt.Errorf("%w: %v; still running: %s", ErrShutdownDeadline, deadline, stillRunning())
+		case s := <-sigs:
+			if !signalled {
+				log.Info("signal received: the drain is already under way; a second one cuts it short", "signal", s.String())
+				signalled = true
+				continue
+			}
+			log.Warn("second signal: the drain is cut short", "signal", s.String())
+			return fmt.Errorf("%w (%v); still running: %s", ErrShutdownCutShort, s, stillRunning())
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -235,6 +236,65 @@ func TestATaskReturningBeforeShutdownStopsTheServiceWithAnError(t *testing.T) {
 			t.Errorf("Run returned %v after shutdown, want nil", err)
 		}
 	})
+}
+
+// An operator who presses Ctrl-C twice (or an orchestrator that signals
+// again) wants the process gone now, not after SHUTDOWN_TIMEOUT: a second
+// SIGINT during the drain the first one began ends Run's wait at once,
+// with an error naming the tasks still running, as at the deadline.
+func TestASecondSignalDuringTheDrainEndsTheWaitAtOnce(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	block, draining := make(chan struct{}), make(chan struct{})
+	defer close(block)
+	done := make(chan error, 1)
+	started := make(chan struct{})
+	go func() {
+		done <- service.Run(context.Background(), log, 30*time.Second,
+			service.Task{Name: "polite", Run: func(ctx context.Context) error { <-ctx.Done(); return nil }},
+			service.Task{Name: "stuck", Run: func(ctx context.Context) error {
+				close(started)
+				<-ctx.Done()
+				close(draining)
+				<-block // ignores the drain
+				return nil
+			}})
+	}()
+	<-started
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-draining:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first SIGINT did not start the drain")
+	}
+	time.Sleep(100 * time.Millisecond)
+	t0 := time.Now()
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Run still waiting 3 s after the second SIGINT: it did nothing, the wait goes on to the 30 s deadline")
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Errorf("Run returned %v after the second SIGINT, want at once", d)
+	}
+	if !errors.Is(err, service.ErrShutdownCutShort) || !strings.Contains(err.Error(), "still running: stuck") || strings.Contains(err.Error(), "polite") {
+		t.Errorf("Run returned %v, want ErrShutdownCutShort naming only the stuck task", err)
+	}
+	var cut bool
+	for _, rec := range records(t, &buf) {
+		if rec["msg"] == "second signal: the drain is cut short" && rec["level"] == "WARN" {
+			cut = true
+		}
+	}
+	if !cut {
+		t.Errorf("no record of the cut-short drain; log:\n%s", buf.String())
+	}
 }
 
 // The process settings are loaded with the service's config, by name, with
