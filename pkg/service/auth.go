@@ -63,17 +63,22 @@ var clientName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 // "web:K1,ops/read+admin:K2". An entry without roles gets def. Names must
 // be unique and plain (letters, digits, _ . -), roles among Roles, keys at
 // least MinAPIKeyLength bytes, and no two clients may share a key (the
-// service could not tell them apart). The error never contains a key, nor
-// a piece of one written where the name or a role goes: it names the entry
-// by its position, its shape and key are checked before anything else in
-// it, and it quotes a name or role only when shorter than 16 bytes (a
-// typo); a longer one is given by its length.
+// service could not tell them apart). Spaces around each ',' and ':' are
+// trimmed, not part of a name or key ("web: K1, ops/admin: K2" is
+// "web:K1,ops/admin:K2"), as RequireAPIKey trims the key it is sent. The
+// error never contains a key, nor a piece of one written where the name or
+// a role goes: it names the entry by its position, its shape and key are
+// checked before anything else in it, and it quotes a name or role only
+// when shorter than 16 bytes (a typo); a longer one is given by its length.
 func ParseAPIKeys(s string, def ...Role) (APIKeys, error) {
 	var ks APIKeys
 	var labels []string // of ks.clients, as errors name them
 	seen := map[string]bool{}
 	for i, part := range strings.Split(s, ",") {
-		who, key, ok := strings.Cut(strings.TrimSpace(part), ":")
+		who, key, ok := strings.Cut(part, ":")
+		// Spaces around the ':' are layout, as around the ',': RequireAPIKey
+		// trims the key it is sent, so a key kept with them would match none.
+		who, key = strings.TrimSpace(who), strings.TrimSpace(key)
 		// Until the key is where a key goes, the rest may be a key (a ':'
 		// mistyped, name and key swapped): nothing of it is repeated.
 		switch {

@@ -135,6 +135,36 @@ func TestParseAPIKeysErrorsNeverRepeatAKeyWrittenInTheWrongPlace(t *testing.T) {
 	}
 }
 
+// "web/read: KEY" (a space after the colon, as lists are written) must
+// not make a client whose key no request can present: RequireAPIKey trims
+// the key it is sent, so ParseAPIKeys trims the spaces around the ':' too,
+// and the key as written, sent as a Bearer token, opens the route.
+func TestSpacesAroundTheColonOfAnAPIKeyEntryAreNotPartOfTheKeyOrName(t *testing.T) {
+	web, ops := "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
+	ks, err := service.ParseAPIKeys("web/read: "+web+" , ops/admin :\t"+ops, service.RoleRead)
+	if err != nil {
+		t.Fatalf("ParseAPIKeys refused spaces around the colons: %v", err)
+	}
+	if ks.Client(web) != "web" || ks.Client(ops) != "ops" || ks.Client(" "+web) != "" {
+		t.Fatalf("Client(key) = %q, %q, Client(\" \"+key) = %q: want web, ops and no client", ks.Client(web), ks.Client(ops), ks.Client(" "+web))
+	}
+	if err := ks.Need(service.RoleRead, service.RoleAdmin); err != nil {
+		t.Errorf("ops/admin written with a space before the colon lost its role: %v", err)
+	}
+	h := service.RequireAPIKey(ks)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, service.ClientOf(r.Context()))
+	}))
+	for key, want := range map[string]string{web: "web", ops: "ops"} {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK || rec.Body.String() != want {
+			t.Errorf("Bearer key of %s: %d %q, want 200 %q", want, rec.Code, rec.Body.String(), want)
+		}
+	}
+}
+
 // /readyz names each check and says ok or failing; the error's text (a
 // host, a driver's message) goes to the log only.
 func TestReadyzReportsEachChecksNameAndStatusAndLogsTheDetail(t *testing.T) {
