@@ -23,7 +23,9 @@ import (
 // committed (the message is deleted), a permanent error (parked in the
 // DLQ), any other (left for redelivery after its backoff). Returning fewer
 // errors than deliveries is a bug; the missing ones are treated as
-// transient failures, so nothing is deleted that was not vouched for.
+// transient failures, so nothing is deleted that was not vouched for,
+// whatever else the call did (it panicked, ran past HandlerTimeout or met
+// an outage); errors past the last delivery are ignored.
 //
 // Each Delivery's Ctx carries that message's own trace span (a child of
 // the traceparent it arrived with): work done for one message belongs in
@@ -92,12 +94,7 @@ func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
 	stopHeartbeat()
 	took := time.Since(t0) / time.Duration(len(ds))
 	for i, it := range items {
-		var err error
-		if i < len(results) {
-			err = results[i]
-		} else {
-			err = fmt.Errorf("sqstransport: batch handler returned %d results for %d messages", len(results), len(ds))
-		}
+		err := results[i]
 		s.settle(ds[i].Ctx, it.span, it.m, ds[i], verdict{err: err, timedOut: timedOut[i] && err != nil}, took, it.log)
 		it.span.End()
 	}
@@ -123,6 +120,7 @@ func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (timedOut [
 	for {
 		var panicked bool
 		late := s.within(ctx, func(hctx context.Context) { panicked, results = s.callBatch(hctx, ds) })
+		results = oneEach(results, len(ds))
 		if panicked && len(ds) > 1 {
 			return s.oneByOne(ctx, ds)
 		}
@@ -148,6 +146,23 @@ func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (timedOut [
 			return timedOut, results
 		}
 	}
+}
+
+// oneEach is a batch handler's results as exactly one per delivery, n: a
+// result missing from the end (a handler bug) is a transient failure, so
+// nothing is deleted that was not vouched for, and an extra one is
+// dropped. Every path after the call (the Gate, the late one-at-a-time
+// pass, the settling) then reads a full slice.
+func oneEach(results []error, n int) []error {
+	if len(results) == n {
+		return results
+	}
+	out := make([]error, n)
+	copy(out, results)
+	for i := len(results); i < n; i++ {
+		out[i] = fmt.Errorf("sqstransport: batch handler returned %d results for %d messages", len(results), n)
+	}
+	return out
 }
 
 // oneByOne hands each delivery to the batch handler on its own, each call
