@@ -30,8 +30,13 @@
 //     confirms stops receiving until the probe answers, and the messages in
 //     hand are held (visibility extended) and handled again then, costing
 //     no receive towards maxReceiveCount; receive errors back off (1 s to 20 s);
+//   - every call to SQS has a deadline (a receive WaitTime plus 5 s, the
+//     others 5 s), as the SDK's HTTP client has no response timeout: a call
+//     that gets no answer fails like one SQS refused (logged; a receive
+//     backs off), it does not hang the subscriber;
 //   - on shutdown, the current long poll is allowed to finish (at most
-//     WaitTime: an abandoned poll would hide its messages for a visibility
-//     timeout), no new one starts, in-flight handlers finish (up to a grace
-//     period) and their messages are deleted; nothing uncommitted is deleted.
+//     WaitTime, and 5 s more if its answer never comes: an abandoned poll
+//     would hide its messages for a visibility timeout), no new one starts,
+//     in-flight handlers finish (up to a grace period) and their messages
+//     are deleted; nothing uncommitted is deleted.
 package sqstransport

@@ -2,6 +2,10 @@ package sqstransport_test
 
 import (
 	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,5 +44,53 @@ func TestAMessageCommittedAtTheEndOfTheShutdownGraceIsDeleted(t *testing.T) {
 	}
 	if visible, inflight := depth(t, c, q); visible+inflight != 0 {
 		t.Fatalf("queue holds %d visible and %d in flight after Run returned; want the committed message deleted", visible, inflight)
+	}
+}
+
+// A receive whose answer never comes (a stalled connection, a proxy that
+// accepted the request and hangs) is cut a little after WaitTime: it is
+// logged as a failed receive and retried after the back-off, and on
+// shutdown Run returns once that deadline has passed. The receive had no
+// deadline of its own and the SDK's HTTP client has no response timeout,
+// so such a receive hung silently and Run never returned, although the
+// drain promises to wait for the current long poll only.
+func TestAReceiveThatNeverAnswersIsCutAfterWaitTimeAndDoesNotHoldShutdown(t *testing.T) {
+	t.Parallel()
+	hang := make(chan struct{})
+	rp := &sqsReplay{on: map[string]func(http.ResponseWriter, map[string]any){
+		"ReceiveMessage": func(http.ResponseWriter, map[string]any) { <-hang },
+	}}
+	srv := httptest.NewServer(rp)
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(hang) }) // runs before srv.Close
+	logs := &testenv.Buffer{}
+	s, err := sqstransport.NewSubscriber(replayClient(srv), sqstransport.SubscriberConfig{
+		QueueURL: replayDest, DLQURL: replayDLQ, WaitTime: time.Second, ShutdownGrace: time.Second,
+		Logger: slog.New(slog.NewJSONHandler(logs, nil)),
+	}, func(context.Context, sqstransport.Delivery) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqstransport.SetCallTimeout(s, 200*time.Millisecond) // the receive's deadline: WaitTime + 200ms
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	waitFor(t, 5*time.Second, "the hung receive logged as failed", func() bool {
+		return strings.Contains(logs.String(), `"msg":"receive failed"`) && strings.Contains(logs.String(), "deadline exceeded")
+	})
+	waitFor(t, 5*time.Second, "the receive retried after the back-off", func() bool { return rp.count("ReceiveMessage") >= 2 })
+	t0 := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if d := time.Since(t0); d > 2*time.Second {
+			t.Errorf("Run returned %v after cancel, want within the receive's deadline (1.2s)", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return 10s after cancel, with WaitTime 1s and ShutdownGrace 1s: the receive hangs without a deadline")
 	}
 }

@@ -169,6 +169,9 @@ type Subscriber struct {
 	log      *slog.Logger
 	deletes  chan string
 	stopping context.Context // Run's ctx: cancelled when the drain starts
+	// callTimeout bounds each call to SQS (see callTimeout); a receive
+	// gets WaitTime more.
+	callTimeout time.Duration
 
 	received, deleted, parked, failed, timeouts metric.Int64Counter
 	duration                                    metric.Float64Histogram
@@ -195,7 +198,7 @@ func newSubscriber(client *sqs.Client, cfg SubscriberConfig, handler Handler) (*
 		return nil, fmt.Errorf("sqstransport: HandlerTimeout %v must be less than Visibility %v", cfg.HandlerTimeout, cfg.Visibility)
 	}
 	s := &Subscriber{client: client, cfg: cfg, handler: handler, log: cfg.Logger.With("queue", queueName(cfg.QueueURL)),
-		attrQueue: attribute.String("queue", queueName(cfg.QueueURL))}
+		attrQueue: attribute.String("queue", queueName(cfg.QueueURL)), callTimeout: callTimeout}
 	m := otel.Meter(otelScope)
 	var err error
 	for _, c := range []struct {
@@ -278,8 +281,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		// The long poll is not cancelled on shutdown: SQS keeps serving an
 		// abandoned poll, and whatever it hands out then stays invisible for
 		// a whole visibility timeout (and counts towards maxReceiveCount).
-		// So shutdown waits for the current poll (at most WaitTime) and
-		// processes what it brings.
+		// So shutdown waits for the current poll (at most WaitTime, plus
+		// callTimeout for an answer that never comes: receive's deadline)
+		// and processes what it brings.
 		msgs, err := s.receive(context.WithoutCancel(ctx), receiveFrom)
 		if err == nil {
 			receiveFailures = 0
@@ -325,7 +329,14 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	return nil
 }
 
+// receive long-polls for up to n messages. SQS answers a poll within
+// WaitTime; the call's deadline is callTimeout past that, so a connection
+// that stalls (the SDK's HTTP client has no response timeout) fails the
+// receive, which backs off and is retried, instead of hanging it and, on
+// shutdown, Run.
 func (s *Subscriber) receive(ctx context.Context, n int) ([]types.Message, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.WaitTime+s.callTimeout)
+	defer cancel()
 	out, err := s.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 		QueueUrl:                    &s.cfg.QueueURL,
 		MaxNumberOfMessages:         int32(n),
@@ -532,7 +543,13 @@ func (s *Subscriber) heartbeat(ctx context.Context, receipts []*string, log *slo
 	return func() { close(done); wg.Wait() }
 }
 
+// setVisibility sets a message's visibility timeout to d, within
+// callTimeout: a call that gets no answer is logged as failed, like one
+// SQS refused, and does not hold the heartbeat's stop (and with it the
+// delete of a committed message) or the settling of a failed one.
 func (s *Subscriber) setVisibility(ctx context.Context, receipt *string, d time.Duration, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	defer cancel()
 	_, err := s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
 		QueueUrl: &s.cfg.QueueURL, ReceiptHandle: receipt, VisibilityTimeout: int32(d / time.Second)})
 	if err != nil {
@@ -541,7 +558,8 @@ func (s *Subscriber) setVisibility(ctx context.Context, receipt *string, d time.
 }
 
 // park moves a poison message to the DLQ with the reason attached, then
-// deletes the original. Without a DLQ the message stays where it is (SQS's
+// deletes the original. The send has callTimeout: one that gets no answer
+// fails, and the message stays in the queue, as when SQS refuses it. Without a DLQ the message stays where it is (SQS's
 // own redrive, if any, will move it after maxReceiveCount receives).
 func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind string, cause error) {
 	s.parked.Add(ctx, 1, metric.WithAttributes(s.attrQueue, attribute.String("reason", kind)))
@@ -568,7 +586,10 @@ func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind
 			"sqs_message_id", d.SQSMessageID, "park_reason", kind+": "+reason, "bytes", size)
 		attrs = nil
 	}
-	if _, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: &s.cfg.DLQURL, MessageBody: &body, MessageAttributes: attrs}); err != nil {
+	sctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	_, err := s.client.SendMessage(sctx, &sqs.SendMessageInput{QueueUrl: &s.cfg.DLQURL, MessageBody: &body, MessageAttributes: attrs})
+	cancel()
+	if err != nil {
 		s.log.Error("parking in the DLQ failed: message left in the queue", "error", err, "sqs_message_id", d.SQSMessageID)
 		return
 	}
@@ -605,15 +626,19 @@ func attributesSize(attrs map[string]types.MessageAttributeValue) int {
 	return n
 }
 
-// deleteTimeout bounds one DeleteMessageBatch call (the SDK's retries
-// included), so the drain's last deletes are sent but cannot hold Run.
-const deleteTimeout = 5 * time.Second
+// callTimeout bounds each call the subscriber makes to SQS other than the
+// receive, the SDK's retries included: a delete, a visibility change, a
+// park. The SDK's HTTP client has no response timeout, so without it a
+// stalled connection would hang the call for good: the drain's last
+// deletes could hold Run, a hung heartbeat the delete of a committed
+// message. A receive has WaitTime plus callTimeout.
+const callTimeout = 5 * time.Second
 
 // deleter batches deletes: up to 10 receipts per DeleteMessageBatch, sent
 // as soon as 10 are queued or 5 ms after the first, so completions cost a
 // fraction of a round trip each. It runs until s.deletes is closed, after
 // the last handler has settled: ctx is never cancelled, each call has
-// deleteTimeout.
+// callTimeout.
 func (s *Subscriber) deleter(ctx context.Context) {
 	batch := make([]string, 0, 10)
 	flush := func() {
@@ -624,7 +649,7 @@ func (s *Subscriber) deleter(ctx context.Context) {
 		for i, r := range batch {
 			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r)}
 		}
-		dctx, cancel := context.WithTimeout(ctx, deleteTimeout)
+		dctx, cancel := context.WithTimeout(ctx, s.callTimeout)
 		out, err := s.client.DeleteMessageBatch(dctx, &sqs.DeleteMessageBatchInput{QueueUrl: &s.cfg.QueueURL, Entries: entries})
 		cancel()
 		switch {

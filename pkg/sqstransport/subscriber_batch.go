@@ -267,7 +267,8 @@ func boundTo(hctx context.Context, ds []Delivery) (bounded []Delivery, release f
 	}
 }
 
-// extend renews the visibility of receipts, ten per call.
+// extend renews the visibility of receipts, ten per call, each call
+// within callTimeout (see setVisibility).
 func (s *Subscriber) extend(ctx context.Context, receipts []*string, log *slog.Logger) {
 	if len(receipts) == 1 {
 		s.setVisibility(ctx, receipts[0], s.cfg.Visibility, log)
@@ -280,7 +281,9 @@ func (s *Subscriber) extend(ctx context.Context, receipts []*string, log *slog.L
 			entries[j] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(j)), ReceiptHandle: r,
 				VisibilityTimeout: int32(s.cfg.Visibility / time.Second)}
 		}
-		out, err := s.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: &s.cfg.QueueURL, Entries: entries})
+		cctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+		out, err := s.client.ChangeMessageVisibilityBatch(cctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: &s.cfg.QueueURL, Entries: entries})
+		cancel()
 		switch {
 		case err != nil:
 			log.Warn("change visibility failed", "error", err, "count", len(chunk))
