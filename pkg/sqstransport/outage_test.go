@@ -3,6 +3,8 @@ package sqstransport_test
 import (
 	"context"
 	"fmt"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -141,4 +143,82 @@ func countRows(t testing.TB, db *pgxpool.Pool, sql string) int64 {
 		return 0
 	}
 	return *n
+}
+
+// dependency is a stand-in for a handler's database that the test takes
+// down and brings back: its probe and its calls fail with a refused
+// connection while it is down.
+type dependency struct {
+	mu   sync.Mutex
+	down bool
+}
+
+func (d *dependency) set(down bool) { d.mu.Lock(); d.down = down; d.mu.Unlock() }
+
+func (d *dependency) call(context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return fmt.Errorf("insert: %w", syscall.ECONNREFUSED)
+	}
+	return nil
+}
+
+func (d *dependency) gate(t *testing.T) *outage.Gate {
+	t.Helper()
+	g, err := outage.NewGate(outage.GateConfig{Name: "database", Probe: d.call, ProbeBase: 50 * time.Millisecond, ProbeMax: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// A subscriber whose every slot is busy when the gate closes receives
+// nothing until it reopens: the message behind the held one is received
+// once the outage is over, on its first receive. Run looked at the gate
+// only before waiting for a free slot, so when the held message was let
+// go (MaxExtension) it received the next one with the gate closed, and
+// that receive was spent on the outage, towards maxReceiveCount.
+func TestASlotFreedDuringAnOutageReceivesNothingUntilTheGateReopens(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, dlq := testenv.Queue(t, c, 5, 30*time.Second)
+	db := &dependency{down: true}
+	g := db.gate(t)
+	type call struct {
+		receive int
+		closed  bool // the gate was closed when the message was handed over
+	}
+	var mu sync.Mutex
+	calls := map[string][]call{}
+	h := func(ctx context.Context, d sqstransport.Delivery) error {
+		mu.Lock()
+		calls[d.Envelope.EventID.String()] = append(calls[d.Envelope.EventID.String()], call{d.ReceiveCount, g.Closed()})
+		mu.Unlock()
+		return db.call(ctx)
+	}
+	cfg := testConfig(q)
+	cfg.DLQURL, cfg.Gate, cfg.Concurrency = dlq, g, 1
+	cfg.Visibility, cfg.MaxExtension = 2*time.Second, time.Second
+	start(t, c, cfg, h)
+	held, next := newEvent(t, 1), newEvent(t, 2)
+	send(t, c, q, held)
+	waitFor(t, 10*time.Second, "the gate to close", g.Closed)
+	send(t, c, q, next)
+	time.Sleep(2500 * time.Millisecond) // the held message let go at MaxExtension, its slot free
+	db.set(false)
+	waitEmpty(t, c, q, 15*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("calls: %+v", calls)
+	for id, cs := range calls {
+		for _, cl := range cs {
+			if cl.closed {
+				t.Errorf("message %s handed over on receive %d while the gate was closed", id, cl.receive)
+			}
+		}
+	}
+	if cs := calls[next.EventID.String()]; len(cs) != 1 || cs[0].receive != 1 {
+		t.Errorf("the message sent during the outage was handed over as %+v, want once, on its first receive", cs)
+	}
 }

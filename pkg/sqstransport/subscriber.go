@@ -258,7 +258,8 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	receiveFailures := 0
 	for ctx.Err() == nil {
 		// During an outage nothing is received: each receive would cost a
-		// message one of its maxReceiveCount deliveries for nothing.
+		// message one of its maxReceiveCount deliveries for nothing. The
+		// gate is asked before waiting for a slot and again after.
 		if s.cfg.Gate.Wait(ctx) != nil {
 			continue
 		}
@@ -272,6 +273,13 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 		n := slots.Take(ctx, most)
 		if n == 0 {
+			continue
+		}
+		// The gate may have closed while Take waited (a busy slot is what
+		// a failing handler holds): look again, or this receive would be
+		// spent on the outage.
+		if s.cfg.Gate.Closed() {
+			slots.Release(n)
 			continue
 		}
 		receiveFrom := n
