@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"reflect"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -566,9 +567,12 @@ func (s *Subscriber) setVisibility(ctx context.Context, receipt *string, d time.
 }
 
 // park moves a poison message to the DLQ with the reason attached, then
-// deletes the original. The send has callTimeout: one that gets no answer
-// fails, and the message stays in the queue, as when SQS refuses it. Without a DLQ the message stays where it is (SQS's
-// own redrive, if any, will move it after maxReceiveCount receives).
+// deletes the original. The copy keeps the original's attributes as far as
+// SQS's limit of 10 lets it (fitAttributeCount), beside the three park_*
+// ones; those it drops are logged by name. The send has callTimeout: one
+// that gets no answer fails, and the message stays in the queue, as when
+// SQS refuses it. Without a DLQ the message stays where it is (SQS's own
+// redrive, if any, will move it after maxReceiveCount receives).
 func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind string, cause error) {
 	s.parked.Add(ctx, 1, metric.WithAttributes(s.attrQueue, attribute.String("reason", kind)))
 	if s.cfg.DLQURL == "" {
@@ -582,6 +586,13 @@ func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind
 	attrs["park_reason"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(kind + ": " + reason)}
 	attrs["park_source_queue"] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(queueName(s.cfg.QueueURL))}
 	attrs[parkSourceMessageID] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(d.SQSMessageID)}
+	if dropped := fitAttributeCount(attrs); len(dropped) > 0 {
+		// SQS refuses a message with more than 10 attributes: the park
+		// would fail, and the queue's redrive would move the message
+		// later without its reason.
+		s.log.Warn("parking without some of the message's attributes: with the park attributes they pass the 10 SQS carries",
+			"sqs_message_id", d.SQSMessageID, "dropped", dropped)
+	}
 	body := aws.ToString(m.Body)
 	if body == "" {
 		body = "(empty body)" // SQS refuses empty bodies; the reason says what happened
@@ -602,6 +613,39 @@ func (s *Subscriber) park(ctx context.Context, m types.Message, d Delivery, kind
 		return
 	}
 	s.deletes <- aws.ToString(m.ReceiptHandle)
+}
+
+// maxMessageAttributes is SQS's limit on the attributes of a message.
+const maxMessageAttributes = 10
+
+// parkKeeps are the attributes a parked copy keeps before any other: the
+// three park adds, then those the relay sets, which the project's
+// consumers and tools read (event_id and event_type name the event,
+// traceparent continues its trace after a redrive).
+var parkKeeps = []string{"park_reason", "park_source_queue", parkSourceMessageID, "event_id", "event_type", "traceparent"}
+
+// fitAttributeCount drops attributes from attrs, a message being parked,
+// until they are within SQS's limit, and returns the names it dropped,
+// sorted. It keeps parkKeeps, then the others in the order of their names.
+func fitAttributeCount(attrs map[string]types.MessageAttributeValue) (dropped []string) {
+	if len(attrs) <= maxMessageAttributes {
+		return nil
+	}
+	room := maxMessageAttributes
+	var rest []string
+	for k := range attrs {
+		if slices.Contains(parkKeeps, k) {
+			room--
+		} else {
+			rest = append(rest, k)
+		}
+	}
+	slices.Sort(rest)
+	dropped = rest[min(max(room, 0), len(rest)):]
+	for _, k := range dropped {
+		delete(attrs, k)
+	}
+	return dropped
 }
 
 // attributeText is s as an attribute value SQS accepts: at most max bytes,

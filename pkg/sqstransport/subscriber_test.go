@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go/middleware"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -838,4 +841,103 @@ func TestAParkReasonOfAnyTextIsParked(t *testing.T) {
 	if n := len(rec.deliveries()); n != 1 {
 		t.Fatalf("handler called %d times, want 1: parked at once", n)
 	}
+}
+
+// recordSends records the MessageAttributes of every SendMessage call a
+// client makes.
+func recordSends(mu *sync.Mutex, got *[]map[string]types.MessageAttributeValue) func(*middleware.Stack) error {
+	return func(stack *middleware.Stack) error {
+		return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("recordSends",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				if p, ok := in.Parameters.(*sqs.SendMessageInput); ok {
+					mu.Lock()
+					*got = append(*got, maps.Clone(p.MessageAttributes))
+					mu.Unlock()
+				}
+				return next.HandleInitialize(ctx, in)
+			}), middleware.After)
+	}
+}
+
+// A message that already carries 9 attributes is parked with its reason:
+// SQS takes at most 10 attributes, so the copy keeps the three park ones,
+// event_id, event_type and traceparent, and as many of the others as fit,
+// and the ones it drops are logged by name. Every original attribute used
+// to be copied beside the three park ones: real SQS refuses the send
+// (moto does not check), the message was never parked and reached the DLQ
+// through maxReceiveCount without its reason.
+func TestAMessageWithManyAttributesIsParkedWithItsReasonWithinTenAttributes(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, dlq := testenv.Queue(t, c, 5, 30*time.Second)
+	var mu sync.Mutex
+	var sent []map[string]types.MessageAttributeValue
+	rec := sqs.New(c.Options(), func(o *sqs.Options) { o.APIOptions = append(o.APIOptions, recordSends(&mu, &sent)) })
+	e := newEvent(t, 1)
+	body, err := e.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs := map[string]string{"event_id": e.EventID.String(), "event_type": e.EventType,
+		"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+	for i := range 6 {
+		attrs[fmt.Sprintf("x_%d", i)] = "v"
+	}
+	sendRaw(t, c, q, string(body), attrs)
+	logs := &testenv.Buffer{}
+	cfg := testConfig(q)
+	cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	start(t, rec, cfg, func(context.Context, sqstransport.Delivery) error {
+		return sqstransport.Permanent(errors.New("unknown currency XXX"))
+	})
+	var parked types.Message
+	for deadline := time.Now().Add(15 * time.Second); parked.Body == nil && time.Now().Before(deadline); {
+		out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(dlq),
+			MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range out.Messages {
+			parked = m
+		}
+	}
+	if parked.Body == nil {
+		t.Fatal("nothing parked in the DLQ")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) != 1 {
+		t.Fatalf("%d SendMessage calls, want the one park", len(sent))
+	}
+	for what, got := range map[string]map[string]types.MessageAttributeValue{"sent": sent[0], "parked copy": parked.MessageAttributes} {
+		if len(got) > 10 {
+			t.Errorf("%s has %d attributes, more than the 10 SQS accepts: %v", what, len(got), slices.Sorted(maps.Keys(got)))
+		}
+		if r := aws.ToString(got["park_reason"].StringValue); r != "refused: unknown currency XXX" {
+			t.Errorf("%s park_reason %q, want the handler's reason", what, r)
+		}
+		for _, k := range []string{"park_source_queue", "park_source_message_id", "event_id", "event_type", "traceparent"} {
+			if aws.ToString(got[k].StringValue) == "" {
+				t.Errorf("%s lacks %s: %v", what, k, slices.Sorted(maps.Keys(got)))
+			}
+		}
+	}
+	if want := []string{"x_0", "x_1", "x_2", "x_3"}; !slices.Equal(keptOf(sent[0], "x_"), want) {
+		t.Errorf("kept %v of the other attributes, want %v (the first in name order, as many as fit)", keptOf(sent[0], "x_"), want)
+	}
+	if l := logs.String(); !strings.Contains(l, `"dropped":["x_4","x_5"]`) {
+		t.Errorf("the dropped attributes were not logged by name:\n%s", l)
+	}
+}
+
+// keptOf is the sorted names in attrs that start with prefix.
+func keptOf(attrs map[string]types.MessageAttributeValue, prefix string) []string {
+	var out []string
+	for k := range attrs {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
