@@ -2,6 +2,7 @@ package sqstransport_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"syscall"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/effectively-once/payments-cashback/internal/faults"
 	"github.com/effectively-once/payments-cashback/internal/testenv"
+	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/outage"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
 )
@@ -220,5 +222,65 @@ func TestASlotFreedDuringAnOutageReceivesNothingUntilTheGateReopens(t *testing.T
 	}
 	if cs := calls[next.EventID.String()]; len(cs) != 1 || cs[0].receive != 1 {
 		t.Errorf("the message sent during the outage was handed over as %+v, want once, on its first receive", cs)
+	}
+}
+
+// A receive whose batch call failed one message on its own fault and
+// another on a refused connection is held as an outage: the gate probes,
+// closes, and once the dependency answers the receive is handed over again,
+// each message applied on its first receive. Only the first transient
+// error of the batch was shown to the gate; when it was the message's own,
+// the outage went unrecognised and every message of the receive came
+// back, each spending a receive towards maxReceiveCount.
+func TestABatchIsHeldForAnOutageWhenALaterMessageFailedOnTheDependency(t *testing.T) {
+	t.Parallel()
+	c := testenv.SQS(t)
+	q, dlq := testenv.Queue(t, c, 5, 30*time.Second)
+	db := &dependency{down: true}
+	g := db.gate(t)
+	evs := []events.Envelope{newEvent(t, 1), newEvent(t, 2)}
+	sendTogether(t, c, q, evs...)
+	var mu sync.Mutex
+	var sizes []int
+	appliedAt := map[string]int{}
+	h := func(ctx context.Context, ds []sqstransport.Delivery) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		sizes = append(sizes, len(ds))
+		if len(sizes) == 1 {
+			time.AfterFunc(time.Second, func() { db.set(false) }) // the outage ends a second later
+			out := make([]error, len(ds))
+			for i := range ds {
+				out[i] = db.call(ctx) // the connection refused, but
+			}
+			out[0] = errors.New("amount out of range") // the first failed on its own
+			return out
+		}
+		out := make([]error, len(ds))
+		for i, d := range ds {
+			if out[i] = db.call(ctx); out[i] == nil {
+				appliedAt[d.Envelope.EventID.String()] = d.ReceiveCount
+			}
+		}
+		return out
+	}
+	cfg := testConfig(q)
+	cfg.DLQURL, cfg.Gate, cfg.Concurrency = dlq, g, 1
+	runBatch(t, c, cfg, h)
+	waitFor(t, 15*time.Second, "both messages applied", func() bool { mu.Lock(); defer mu.Unlock(); return len(appliedAt) == 2 })
+	waitEmpty(t, c, q, 10*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("receive sizes %v, applied at %v", sizes, appliedAt)
+	if sizes[0] != len(evs) {
+		t.Skipf("SQS split the two messages over receives (sizes %v)", sizes)
+	}
+	for _, e := range evs {
+		if n := appliedAt[e.EventID.String()]; n != 1 {
+			t.Errorf("message %s applied on receive %d, want its first: the outage was not recognised", e.EventID, n)
+		}
+	}
+	if n := counter(t, "sqs_handler_errors_total", queueName(q), ""); n != 0 {
+		t.Errorf("sqs_handler_errors_total = %d, want 0: the receive was settled as failed instead of held", n)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/payments-cashback/pkg/errs"
+	"github.com/effectively-once/payments-cashback/pkg/outage"
 )
 
 // BatchHandler processes the decodable messages of one receive together
@@ -102,9 +103,10 @@ func (s *Subscriber) processBatch(ctx context.Context, msgs []types.Message) {
 
 // handleBatch is handle for a receive: the batch handler within
 // HandlerTimeout, panics recovered, and, while a failure is an outage the
-// Gate confirms, the receive held (the heartbeat keeps it invisible) and
-// handed over again once the gate reopens, so an outage costs no message
-// a delivery. It gives up, returning the last attempt's results, when the
+// Gate confirms (the first that outage.Unavailable says looks like one,
+// whichever message it is), the receive held (the heartbeat keeps it
+// invisible) and handed over again once the gate reopens, so an outage
+// costs no message a delivery. It gives up, returning the last attempt's results, when the
 // drain starts or MaxExtension has passed. timedOut[i] says that
 // delivery i's call ran past its deadline.
 //
@@ -128,9 +130,13 @@ func (s *Subscriber) handleBatch(ctx context.Context, ds []Delivery) (timedOut [
 		for i := range timedOut {
 			timedOut[i] = late
 		}
+		// The gate is shown the first failure that looks like an outage,
+		// as the single-message path shows it each handler error: one
+		// message failing on its own must not hide a batch-mate's refused
+		// connection.
 		var suspect error
 		for _, err := range results {
-			if err != nil && !IsPermanent(err) && !errs.IsPanic(err) {
+			if err != nil && !IsPermanent(err) && !errs.IsPanic(err) && outage.Unavailable(err) {
 				suspect = err
 				break
 			}
