@@ -45,9 +45,14 @@ func applyOnce(db *pgxpool.Pool) sqstransport.Handler {
 }
 
 func gate(t *testing.T, db *pgxpool.Pool) *outage.Gate {
+	return probedGate(t, outage.GateConfig{Probe: db.Ping, ProbeTimeout: time.Second, ProbeMax: 500 * time.Millisecond})
+}
+
+// probedGate is a gate named "database", probed every 50 ms at first.
+func probedGate(t *testing.T, cfg outage.GateConfig) *outage.Gate {
 	t.Helper()
-	g, err := outage.NewGate(outage.GateConfig{Name: "database", Probe: db.Ping, ProbeTimeout: time.Second,
-		ProbeBase: 50 * time.Millisecond, ProbeMax: 500 * time.Millisecond})
+	cfg.Name, cfg.ProbeBase = "database", 50*time.Millisecond
+	g, err := outage.NewGate(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,12 +172,7 @@ func (d *dependency) call(context.Context) error {
 }
 
 func (d *dependency) gate(t *testing.T) *outage.Gate {
-	t.Helper()
-	g, err := outage.NewGate(outage.GateConfig{Name: "database", Probe: d.call, ProbeBase: 50 * time.Millisecond, ProbeMax: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return g
+	return probedGate(t, outage.GateConfig{Probe: d.call, ProbeMax: 200 * time.Millisecond})
 }
 
 // A subscriber whose every slot is busy when the gate closes receives
