@@ -261,7 +261,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 			}
 		}()
 	}
-	proc, err := inbox.NewProcessor(intent.Handler, pc)
+	proc, err := inbox.NewProcessor(intent.Handler(log), pc)
 	if err != nil {
 		return nil, err
 	}

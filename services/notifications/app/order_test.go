@@ -46,4 +46,7 @@ func TestACreditArrivingAfterItsReversalSendsNoSMS(t *testing.T) {
 	if n := s.notifications(r); len(n) != 1 || n[0].Status != "SENT" {
 		t.Errorf("the reversal's notification %+v, want one SENT", n)
 	}
+	if !strings.Contains(s.logs.String(), "no SMS: its payment was already notified") {
+		t.Errorf("the service's log does not say why the late credit sent no SMS")
+	}
 }

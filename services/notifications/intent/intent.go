@@ -29,8 +29,8 @@ import (
 // version is still recorded (compose.Intent.NoSMS). The version is recorded in tx, so a
 // rolled-back intent leaves no trace of it. The intent row keeps its
 // payment and version too: the sender sends a payment's SMS in version
-// order.
-func Record(ctx context.Context, tx pgx.Tx, e events.Envelope) (recorded bool, err error) {
+// order. Why an event records no SMS is logged to log at Info.
+func Record(ctx context.Context, log *slog.Logger, tx pgx.Tx, e events.Envelope) (recorded bool, err error) {
 	in, err := compose.Build(e)
 	if err != nil {
 		return false, err
@@ -42,12 +42,12 @@ func Record(ctx context.Context, tx pgx.Tx, e events.Envelope) (recorded bool, e
 		return false, fmt.Errorf("record the notified version: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		slog.InfoContext(ctx, "no SMS: its payment was already notified at this version or a later one",
+		log.InfoContext(ctx, "no SMS: its payment was already notified at this version or a later one",
 			"event_id", e.EventID, "event_type", e.EventType, "payment_id", e.AggregateID, "version", e.AggregateVersion)
 		return false, nil
 	}
 	if in.NoSMS != "" {
-		slog.InfoContext(ctx, "no SMS: "+in.NoSMS,
+		log.InfoContext(ctx, "no SMS: "+in.NoSMS,
 			"event_id", e.EventID, "event_type", e.EventType, "payment_id", e.AggregateID, "version", e.AggregateVersion)
 		return false, nil
 	}
@@ -72,8 +72,11 @@ func traceparent(ctx context.Context) *string {
 	return nil
 }
 
-// Handler adapts Record to the inbox processor's handler signature.
-func Handler(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
-	_, err := Record(ctx, tx, e)
-	return err
+// Handler adapts Record, logging to log, to the inbox processor's handler
+// signature.
+func Handler(log *slog.Logger) func(context.Context, pgx.Tx, events.Envelope) error {
+	return func(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
+		_, err := Record(ctx, log, tx, e)
+		return err
+	}
 }

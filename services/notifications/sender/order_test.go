@@ -2,6 +2,7 @@ package sender_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -36,7 +37,7 @@ func (e *env) record(pay, eventType string, v, amount int64) bool {
 		e.t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	recorded, err := intent.Record(ctx, tx, ev)
+	recorded, err := intent.Record(ctx, slog.New(slog.DiscardHandler), tx, ev)
 	if err != nil {
 		e.t.Fatalf("record %s v%d: %v", eventType, v, err)
 	}

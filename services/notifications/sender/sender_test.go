@@ -85,7 +85,7 @@ func (e *env) intent() events.Envelope {
 		e.t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if ok, err := intent.Record(ctx, tx, ev); err != nil || !ok {
+	if ok, err := intent.Record(ctx, slog.New(slog.DiscardHandler), tx, ev); err != nil || !ok {
 		e.t.Fatalf("record: %v %v", ok, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
