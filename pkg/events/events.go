@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
@@ -27,6 +28,11 @@ import (
 // MaxBodyBytes is the largest body SQS accepts (256 KiB); Decode refuses
 // anything bigger before parsing it.
 const MaxBodyBytes = 256 * 1024
+
+// MaxAggregateIDBytes is the longest aggregate_id accepted: it is a key in
+// the consumers' indexes, and PostgreSQL refuses an index entry of much
+// more than 2 KB.
+const MaxAggregateIDBytes = 1024
 
 // Envelope is the JSON body of every SQS message.
 type Envelope struct {
@@ -94,10 +100,12 @@ type wire struct {
 }
 
 // Decode parses and validates an SQS body. It rejects, with a *DecodeError
-// naming the field: bodies over MaxBodyBytes or not UTF-8, malformed JSON, unknown
-// top-level fields, a missing or non-UUIDv7 event_id, missing event_type or
-// aggregate_id, a negative aggregate_version, an occurred_at that is not
-// RFC 3339, and a payload that is not a JSON object. It does not judge the
+// naming the field: bodies over MaxBodyBytes or not UTF-8, malformed JSON
+// or anything after it, a top-level field that is unknown, repeated or
+// spelled in another case (encoding/json alone would match "EVENT_ID" to
+// event_id), an event_id that is not a UUIDv7 in its canonical
+// 8-4-4-4-12 form, what Validate refuses, and an occurred_at that is not
+// an RFC 3339 timestamp with at most nanoseconds. It does not judge the
 // event type: which types a consumer accepts is the consumer's business.
 func Decode(body []byte) (Envelope, error) {
 	if len(body) > MaxBodyBytes {
@@ -107,9 +115,10 @@ func Decode(body []byte) (Envelope, error) {
 		// encoding/json would quietly turn the bad bytes into U+FFFD.
 		return Envelope{}, &DecodeError{"body", "not valid UTF-8"}
 	}
-	if name, dup := DuplicateField(body); dup {
-		// encoding/json would keep the last one: which event_id is meant?
-		return Envelope{}, &DecodeError{name, "appears more than once"}
+	if name, reason := checkNames(body); reason != "" {
+		// encoding/json would keep the last of two, or take another
+		// case's: which event_id is meant?
+		return Envelope{}, &DecodeError{name, reason}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -117,16 +126,20 @@ func Decode(body []byte) (Envelope, error) {
 	if err := dec.Decode(&w); err != nil {
 		return Envelope{}, wireError(err)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
+		// More() is false before a stray '}' or ']' too.
 		return Envelope{}, &DecodeError{"body", "trailing data after the JSON object"}
 	}
 	var e Envelope
 	if w.EventID == nil {
 		return Envelope{}, &DecodeError{"event_id", "missing"}
 	}
+	// uuid.Parse also takes the urn:uuid:, braced and undashed forms: one
+	// id, several spellings, of which a consumer reading the body as text
+	// would see only one.
 	id, err := uuid.Parse(*w.EventID)
-	if err != nil {
-		return Envelope{}, &DecodeError{"event_id", "not a UUID"}
+	if err != nil || len(*w.EventID) != 36 {
+		return Envelope{}, &DecodeError{"event_id", "not a UUID in its canonical 8-4-4-4-12 form"}
 	}
 	e.EventID = id
 	if w.EventType == nil {
@@ -145,8 +158,8 @@ func Decode(body []byte) (Envelope, error) {
 		return Envelope{}, &DecodeError{"occurred_at", "missing"}
 	}
 	t, err := time.Parse(time.RFC3339Nano, *w.OccurredAt)
-	if err != nil {
-		return Envelope{}, &DecodeError{"occurred_at", "not an RFC 3339 timestamp"}
+	if err != nil || !strictRFC3339(*w.OccurredAt) {
+		return Envelope{}, &DecodeError{"occurred_at", "not an RFC 3339 timestamp (at most nine fraction digits, after a '.')"}
 	}
 	e.OccurredAt = t.UTC()
 	e.Payload = w.Payload
@@ -154,6 +167,40 @@ func Decode(body []byte) (Envelope, error) {
 		return Envelope{}, err
 	}
 	return e, nil
+}
+
+// wireNames are the envelope's top-level names, as written on the wire.
+var wireNames = [...]string{"event_id", "event_type", "aggregate_id", "aggregate_version", "occurred_at", "payload"}
+
+// checkNames returns the first top-level name of body that is not one of
+// wireNames exactly, or is one seen before, and why; "" for a body whose
+// names are all right or that is not an object (the decoder then says
+// what is wrong with it).
+func checkNames(body []byte) (name, reason string) {
+	var seen uint8
+	visit := func(n string) bool {
+		i := slices.Index(wireNames[:], n)
+		switch {
+		case i < 0:
+			name, reason = n, "unknown top-level field (names are case-sensitive)"
+		case seen&(1<<i) != 0:
+			name, reason = n, "appears more than once"
+		default:
+			seen |= 1 << i
+			return false
+		}
+		return true
+	}
+	if scanNames(body, visit) {
+		return name, reason
+	}
+	seen, name, reason = 0, "", ""
+	for _, n := range namesByTokens(body) {
+		if visit(n) {
+			break
+		}
+	}
+	return name, reason
 }
 
 // DuplicateField reports the first top-level field name that appears more
@@ -166,68 +213,73 @@ func Decode(body []byte) (Envelope, error) {
 // is confirmed by encoding/json's tokenizer, whose answer is the one
 // returned.
 func DuplicateField(body []byte) (string, bool) {
-	if !mayRepeatField(body) {
-		return "", false
-	}
-	return duplicateFieldByTokens(body)
-}
-
-// mayRepeatField scans the top-level object of body and reports whether a
-// name appears twice, is escaped or is not UTF-8; false also for what it
-// cannot parse (Decode then rejects the body as malformed).
-func mayRepeatField(b []byte) bool {
-	i := skipSpace(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return false
-	}
 	// Envelopes and request bodies have a handful of fields, compared in a
 	// slice; a body with many (hostile, say) moves to a map, so the scan
 	// stays linear.
 	var seen []string
 	var many map[string]bool
+	repeated := false
+	plain := scanNames(body, func(name string) bool {
+		if many != nil {
+			repeated = many[name]
+			many[name] = true
+			return repeated
+		}
+		if repeated = slices.Contains(seen, name); repeated {
+			return true
+		}
+		if seen = append(seen, name); len(seen) > 16 {
+			many = make(map[string]bool, 2*len(seen))
+			for _, n := range seen {
+				many[n] = true
+			}
+		}
+		return false
+	})
+	if plain && !repeated {
+		return "", false
+	}
+	return duplicateFieldByTokens(body)
+}
+
+// scanNames calls visit with each top-level name of the JSON object b, as
+// written, until visit returns true. It returns false, having stopped,
+// at a name with an escape or bytes that are not UTF-8 (decoded as U+FFFD,
+// so two different ones are one name): only a decoder reads those as
+// encoding/json does. What it cannot parse ends the scan (true): the
+// decoder rejects the body as malformed.
+func scanNames(b []byte, visit func(name string) (stop bool)) (plain bool) {
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return true
+	}
 	for i++; ; {
 		i = skipSpace(b, i)
 		if i >= len(b) || b[i] == '}' {
-			return false
+			return true
 		}
 		if b[i] == ',' {
 			i = skipSpace(b, i+1)
 		}
 		if i >= len(b) || b[i] != '"' {
-			return false
+			return true
 		}
 		end, escaped := stringEnd(b, i)
 		if end < 0 {
-			return false
-		}
-		// An escape, or bytes that are not UTF-8 (decoded as U+FFFD, so two
-		// different ones are one name), is compared only by a decoder.
-		if escaped || !utf8.Valid(b[i+1:end-1]) {
 			return true
 		}
-		name := string(b[i+1 : end-1])
-		if many != nil {
-			if many[name] {
-				return true
-			}
-			many[name] = true
-		} else {
-			if slices.Contains(seen, name) {
-				return true
-			}
-			if seen = append(seen, name); len(seen) > 16 {
-				many = make(map[string]bool, 2*len(seen))
-				for _, n := range seen {
-					many[n] = true
-				}
-			}
+		if escaped || !utf8.Valid(b[i+1:end-1]) {
+			return false
+		}
+		if visit(string(b[i+1 : end-1])) {
+			return true
 		}
 		i = skipSpace(b, end)
 		if i >= len(b) || b[i] != ':' {
-			return false
+			return true
 		}
 		if i = valueEnd(b, skipSpace(b, i+1)); i < 0 {
-			return false
+			return true
 		}
 	}
 }
@@ -286,27 +338,37 @@ func valueEnd(b []byte, i int) int {
 
 // duplicateFieldByTokens is DuplicateField by encoding/json's tokenizer.
 func duplicateFieldByTokens(body []byte) (string, bool) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return "", false
-	}
 	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return "", false
-		}
-		name, _ := tok.(string)
+	for _, name := range namesByTokens(body) {
 		if seen[name] {
 			return name, true
 		}
 		seen[name] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return "", false
-		}
 	}
 	return "", false
+}
+
+// namesByTokens returns the top-level names of the JSON object body as
+// encoding/json's tokenizer decodes them, up to the first syntax error.
+func namesByTokens(body []byte) []string {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	var names []string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return names
+		}
+		name, _ := tok.(string)
+		names = append(names, name)
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return names
+		}
+	}
+	return names
 }
 
 func wireError(err error) error {
@@ -323,7 +385,11 @@ func wireError(err error) error {
 }
 
 // Validate checks the invariants Decode enforces; producers call it (New
-// does) so that nothing undecodable is ever written to an outbox. It also
+// does) so that nothing undecodable is ever written to an outbox, and
+// nothing PostgreSQL cannot store reaches a consumer's inbox as a
+// failure that looks transient: text that is not UTF-8, a NUL in the
+// aggregate id, an aggregate id over MaxAggregateIDBytes, a payload
+// escape jsonb refuses (\u0000, a lone UTF-16 surrogate). It also
 // refuses an occurred_at whose year, as written or in UTC, is outside
 // 0..9999: JSON (time.Time.MarshalJSON) cannot carry it, so the envelope
 // could be stored but never sent.
@@ -331,15 +397,23 @@ func (e Envelope) Validate() error {
 	switch {
 	case e.EventID == uuid.Nil:
 		return &DecodeError{"event_id", "missing"}
-	case e.EventID.Version() != 7:
-		return &DecodeError{"event_id", fmt.Sprintf("must be a UUIDv7, got version %d", e.EventID.Version())}
+	case e.EventID.Version() != 7 || e.EventID.Variant() != uuid.RFC4122:
+		return &DecodeError{"event_id", fmt.Sprintf("must be a UUIDv7, got version %d of variant %s", e.EventID.Version(), e.EventID.Variant())}
 	case e.EventType == "":
 		return &DecodeError{"event_type", "empty"}
+	case !utf8.ValidString(e.EventType):
+		return &DecodeError{"event_type", "not valid UTF-8"}
 	case strings.IndexFunc(e.EventType, func(r rune) bool { return !QueueSafe(r) }) >= 0:
 		// It is a message attribute too, where no JSON escape helps.
 		return &DecodeError{"event_type", "holds a character a queue may refuse (a control character, U+FFFE or U+FFFF, or one above U+FFFF)"}
 	case e.AggregateID == "":
 		return &DecodeError{"aggregate_id", "empty"}
+	case !utf8.ValidString(e.AggregateID):
+		return &DecodeError{"aggregate_id", "not valid UTF-8"}
+	case strings.IndexByte(e.AggregateID, 0) >= 0:
+		return &DecodeError{"aggregate_id", "holds a NUL, which PostgreSQL cannot store in text"}
+	case len(e.AggregateID) > MaxAggregateIDBytes:
+		return &DecodeError{"aggregate_id", fmt.Sprintf("%d bytes, more than the %d allowed", len(e.AggregateID), MaxAggregateIDBytes)}
 	case e.AggregateVersion < 0:
 		return &DecodeError{"aggregate_version", "negative"}
 	case e.OccurredAt.IsZero():
@@ -353,7 +427,92 @@ func (e Envelope) Validate() error {
 	if len(p) == 0 || p[0] != '{' || !json.Valid(p) {
 		return &DecodeError{"payload", "must be a JSON object"}
 	}
+	if !utf8.Valid(p) {
+		// json.Valid takes them; encoding/json would turn them into U+FFFD.
+		return &DecodeError{"payload", "not valid UTF-8"}
+	}
+	if why := jsonbRefuses(p); why != "" {
+		return &DecodeError{"payload", why}
+	}
 	return nil
+}
+
+// jsonbRefuses says why PostgreSQL's jsonb would refuse the valid JSON p,
+// or "": it stores no \u0000 and no UTF-16 surrogate that is not half of
+// a pair.
+func jsonbRefuses(p []byte) string {
+	for i := 0; i < len(p); i++ {
+		j := bytes.IndexByte(p[i:], '\\')
+		if j < 0 {
+			return ""
+		}
+		// Backslashes occur only in strings, each starting an escape.
+		if i += j + 1; p[i] != 'u' {
+			continue
+		}
+		r := hex4(p[i+1:])
+		i += 4
+		switch {
+		case r == 0:
+			return "holds \\u0000, which PostgreSQL cannot store in jsonb"
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return "holds a UTF-16 low surrogate with no high one before it, which PostgreSQL cannot store in jsonb"
+		case r >= 0xD800 && r <= 0xDBFF:
+			if i+6 >= len(p) || p[i+1] != '\\' || p[i+2] != 'u' {
+				return "holds a UTF-16 high surrogate with no low one after it, which PostgreSQL cannot store in jsonb"
+			}
+			if lo := hex4(p[i+3:]); lo < 0xDC00 || lo > 0xDFFF {
+				return "holds a UTF-16 high surrogate with no low one after it, which PostgreSQL cannot store in jsonb"
+			}
+			i += 6
+		}
+	}
+	return ""
+}
+
+// hex4 is the value of the four hex digits that begin b (valid JSON has
+// them after every \u).
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		default:
+			r = r<<4 | rune(c-'A'+10)
+		}
+	}
+	return r
+}
+
+// strictRFC3339 reports whether s, which time.Parse took as RFC 3339, has
+// exactly the form RFC 3339 gives a timestamp: '.' before the fraction
+// (Go also takes ','), at most nine fraction digits (Go would drop the
+// rest) and an offset of at most 23:59.
+func strictRFC3339(s string) bool {
+	i := len("2006-01-02T15:04:05")
+	if len(s) <= i {
+		return false
+	}
+	if s[i] == '.' {
+		j := i + 1
+		for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+			j++
+		}
+		if j == i+1 || j-i-1 > 9 {
+			return false
+		}
+		i = j
+	}
+	switch rest := s[i:]; {
+	case rest == "Z":
+		return true
+	case len(rest) == 6 && (rest[0] == '+' || rest[0] == '-') && rest[3] == ':':
+		return rest[1] < '2' || (rest[1] == '2' && rest[2] <= '3')
+	}
+	return false
 }
 
 // encodableYear reports whether time.Time.MarshalJSON encodes a time of
@@ -372,8 +531,10 @@ func (e Envelope) Marshal() ([]byte, error) {
 // it beside the dedupe key: a later copy with the same event_id and a
 // different Hash is a conflict (a buggy producer reusing an id), not a
 // duplicate. The payload is canonicalised first (object keys sorted,
-// whitespace dropped, numbers kept digit for digit), so the same JSON
-// re-encoded, e.g. by a jsonb column that reorders keys, hashes the same.
+// whitespace dropped, numbers kept digit for digit), so the same JSON with
+// its keys reordered or respaced, as a jsonb column does, hashes the same;
+// a number spelled another way (1e2 for 100, which jsonb also rewrites)
+// does not, so hash copies as sent, not as read back from jsonb.
 func (e Envelope) Hash() []byte {
 	h := sha256.New()
 	var n [8]byte

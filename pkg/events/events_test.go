@@ -84,6 +84,29 @@ func TestDecodeRejects(t *testing.T) {
 		{"not an object", []byte(`[1,2]`), "body"},
 		{"trailing data", append(validBody(t), []byte(` {}`)...), "body"},
 		{"too big", mutate(func(m map[string]any) { m["payload"] = map[string]string{"pad": strings.Repeat("x", MaxBodyBytes)} }), "body"},
+		// encoding/json matches names regardless of case (and folds ſ to
+		// s): a second event_id in capitals would be the one it kept.
+		{"event_id again in capitals", mutate(func(m map[string]any) { m["EVENT_ID"] = "01938f6e-0000-7000-8000-000000000001" }), "EVENT_ID"},
+		{"only a case variant", mutate(func(m map[string]any) {
+			m["Aggregate_Version"] = m["aggregate_version"]
+			delete(m, "aggregate_version")
+		}), "Aggregate_Version"},
+		{"a name that folds to a field", mutate(func(m map[string]any) { m["aggregate_verſion"] = 9 }), "aggregate_verſion"},
+		{"trailing brace", append(validBody(t), '}'), "body"},
+		{"trailing brackets", append(validBody(t), []byte(" ]]]")...), "body"},
+		{"event_id as a URN", mutate(func(m map[string]any) { m["event_id"] = "urn:uuid:" + m["event_id"].(string) }), "event_id"},
+		{"event_id in braces", mutate(func(m map[string]any) { m["event_id"] = "{" + m["event_id"].(string) + "}" }), "event_id"},
+		{"event_id without dashes", mutate(func(m map[string]any) { m["event_id"] = strings.ReplaceAll(m["event_id"].(string), "-", "") }), "event_id"},
+		{"event_id of another variant", mutate(func(m map[string]any) { m["event_id"] = "01938f6e-0000-7f0b-0ec8-000000000001" }), "event_id"},
+		{"aggregate_id with NUL", mutate(func(m map[string]any) { m["aggregate_id"] = "pay\x0042" }), "aggregate_id"},
+		{"aggregate_id too long", mutate(func(m map[string]any) { m["aggregate_id"] = strings.Repeat("p", MaxAggregateIDBytes+1) }), "aggregate_id"},
+		{"payload with an escaped NUL", []byte(strings.Replace(string(validBody(t)), `"amount_paise":120000`, `"amount_paise":120000,"note":"a\u0000b"`, 1)), "payload"},
+		{"payload with a lone high surrogate", []byte(strings.Replace(string(validBody(t)), `"amount_paise":120000`, `"amount_paise":120000,"note":"\ud800"`, 1)), "payload"},
+		{"payload with a lone low surrogate", []byte(strings.Replace(string(validBody(t)), `"amount_paise":120000`, `"amount_paise":120000,"note":"x\udc00"`, 1)), "payload"},
+		{"a high surrogate before another escape", []byte(strings.Replace(string(validBody(t)), `"amount_paise":120000`, `"amount_paise":120000,"note":"\ud800\u0041"`, 1)), "payload"},
+		{"time with a comma", mutate(func(m map[string]any) { m["occurred_at"] = "2026-12-02T10:00:00,5Z" }), "occurred_at"},
+		{"offset of 24 hours", mutate(func(m map[string]any) { m["occurred_at"] = "2026-12-02T10:00:00+24:00" }), "occurred_at"},
+		{"more than nanoseconds", mutate(func(m map[string]any) { m["occurred_at"] = "2026-12-02T10:00:00.1234567891Z" }), "occurred_at"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -224,5 +247,47 @@ func TestValidateRefusesAnOccurredAtTheEnvelopeCannotCarry(t *testing.T) {
 		if !errors.As(err, &de) || de.Field != "occurred_at" {
 			t.Errorf("Validate(occurred_at %v) = %v, want a *DecodeError on occurred_at", c.at, err)
 		}
+	}
+}
+
+// What Decode accepts PostgreSQL stores: the escapes jsonb refuses are
+// refused, and the ones it takes (a surrogate pair, an escaped backslash
+// before "u0000") still decode.
+func TestDecodeKeepsWhatJSONBStores(t *testing.T) {
+	for _, note := range []string{`"\ud83d\ude00"`, `"\\u0000"`, `"\\\ud83d\ude00"`, `"\u00e9"`} {
+		body := strings.Replace(string(validBody(t)), `"amount_paise":120000`, `"amount_paise":120000,"note":`+note, 1)
+		if _, err := Decode([]byte(body)); err != nil {
+			t.Errorf("note %s: Decode = %v, want it accepted", note, err)
+		}
+	}
+}
+
+// Producers get the same answer as consumers: New refuses what Decode
+// would refuse on the other side (bytes that are not UTF-8, which
+// encoding/json would carry as U+FFFD, and what PostgreSQL cannot store),
+// naming the field, instead of an outbox row that fails at the database or
+// arrives changed.
+func TestNewRefusesWhatDecodeRefuses(t *testing.T) {
+	for _, c := range []struct {
+		name, eventType, aggregate string
+		payload                    any
+		field                      string
+	}{
+		{"payload not UTF-8", "PaymentSucceeded", "pay_42", json.RawMessage("{\"a\":\"\xff\"}"), "payload"},
+		{"payload with an escaped NUL", "PaymentSucceeded", "pay_42", json.RawMessage(`{"a":"\u0000"}`), "payload"},
+		{"a NUL in a payload string", "PaymentSucceeded", "pay_42", map[string]string{"a": "x\x00"}, "payload"},
+		{"event type not UTF-8", "Paid\xff", "pay_42", map[string]int{"a": 1}, "event_type"},
+		{"aggregate not UTF-8", "PaymentSucceeded", "pay_\xfe", map[string]int{"a": 1}, "aggregate_id"},
+		{"aggregate with NUL", "PaymentSucceeded", "pay\x0042", map[string]int{"a": 1}, "aggregate_id"},
+		{"aggregate too long", "PaymentSucceeded", strings.Repeat("p", MaxAggregateIDBytes+1), map[string]int{"a": 1}, "aggregate_id"},
+	} {
+		_, err := New(c.eventType, c.aggregate, 1, c.payload)
+		var de *DecodeError
+		if !errors.As(err, &de) || de.Field != c.field {
+			t.Errorf("%s: New = %v, want a DecodeError on %s", c.name, err, c.field)
+		}
+	}
+	if _, err := New("PaymentSucceeded", strings.Repeat("p", MaxAggregateIDBytes), 1, map[string]string{"a": "é😀"}); err != nil {
+		t.Errorf("the longest aggregate id and a payload of non-ASCII text: %v", err)
 	}
 }
