@@ -293,7 +293,10 @@ func (r *Relay) Unpublished(ctx context.Context) (int64, error) {
 // NOTIFY on the 'outbox' channel or PollInterval. While the database or the
 // queue is unreachable the sleep doubles from PollInterval up to 30 s, so
 // an outage is not flooded with claims (or, for the queue, with rows
-// claimed only to fail). While the queue refuses every batch as a whole
+// claimed only to fail); a NOTIFY ends such a sleep only after its first
+// second (or PollInterval, if longer), so a producer's commits do not
+// undo the back-off, yet the first commit after a database outage ends a
+// long one within a second. While the queue refuses every batch as a whole
 // for another cause (a queue deleted, a wrong URL, a denied permission,
 // expired credentials, throttling) it doubles the same way, up to the
 // lesser of 30 s and RetryMax, and each such batch is logged once, not

@@ -6,8 +6,14 @@
 // A worker makes passes. A pass claims some rows, works them and records
 // the outcome, then says how many it handled and whether more is probably
 // due. When more is due the loop goes again at once; otherwise it sleeps
-// until a wake-up (a Signal), the polling interval or, after a failed pass,
-// the back-off the caller chose, whichever comes first.
+// until a wake-up (a Signal) or the polling interval, whichever comes
+// first. After a failed pass it sleeps the back-off the caller chose, and
+// a wake-up ends that sleep only after its first second (or polling
+// interval, if longer): while the queue is down, a wake-up per producer
+// commit would otherwise make a pass per commit, but a wake-up after a
+// database outage (its commit proves the database is back) still ends a
+// long back-off within a second. A wake-up that comes during that first
+// second is kept for the rest of the sleep.
 //
 // Wake-ups are hints, never the source of truth: one may be lost (a signal
 // sent while the loop is busy is folded into one), or come from a row
@@ -64,8 +70,9 @@ type Config struct {
 	Wake *Signal
 	// Backoff, when set, is the sleep after a failed pass, given how many
 	// passes of this loop failed in a row (1, 2, ...) and the last error;
-	// for example a growing delay while the database is unreachable. Nil:
-	// PollInterval.
+	// for example a growing delay while the database is unreachable. Nil,
+	// or a result of zero or less: PollInterval. A wake-up ends it only
+	// after its first max(PollInterval, 1 s).
 	Backoff func(failures int, err error) time.Duration
 	// Grace is how long a pass in progress may go on after the context of
 	// Run ends [0: its context ends with Run's].
@@ -155,7 +162,11 @@ func loop(ctx, work context.Context, cfg Config, m *meters, sub *subscriber, i i
 	if sub != nil {
 		wake = sub.ch
 	}
-	timer := time.NewTimer(0)
+	// Stopped until the first sleep: a timer that fired unread would, in
+	// a module on the timer semantics of Go 1.22 and before, end that
+	// sleep at once.
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	defer timer.Stop()
 	failures := 0
 	for ctx.Err() == nil {
@@ -170,7 +181,16 @@ func loop(ctx, work context.Context, cfg Config, m *meters, sub *subscriber, i i
 			failures++
 			cfg.Logger.Error(cfg.Name+": pass failed", "error", err, "failures_in_a_row", failures)
 			if cfg.Backoff != nil {
-				wait = cfg.Backoff(failures, err)
+				if b := cfg.Backoff(failures, err); b > 0 {
+					wait = b
+				}
+			}
+			deaf := min(wait, max(cfg.PollInterval, time.Second))
+			if !sleep(ctx, timer, deaf, nil) {
+				continue
+			}
+			if wait -= deaf; wait <= 0 {
+				continue
 			}
 		} else {
 			failures = 0
@@ -178,15 +198,32 @@ func loop(ctx, work context.Context, cfg Config, m *meters, sub *subscriber, i i
 				continue
 			}
 		}
-		timer.Reset(wait)
 		sub.setIdle(true)
-		select {
-		case <-ctx.Done():
-		case <-wake:
-		case <-timer.C:
-		}
+		sleep(ctx, timer, wait, wake)
 		sub.setIdle(false)
 	}
+}
+
+// sleep waits d on timer (stopped, its channel empty), or less if ctx ends
+// or wake is ready; it reports whether the whole d passed. It leaves timer
+// stopped with its channel empty.
+func sleep(ctx context.Context, timer *time.Timer, d time.Duration, wake <-chan struct{}) bool {
+	timer.Reset(d)
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+	case <-wake:
+	}
+	if !timer.Stop() {
+		// It fired as the sleep ended; on the old timer semantics its tick
+		// waits in the channel and would end the next sleep.
+		select {
+		case <-timer.C:
+		default:
+		}
+	}
+	return false
 }
 
 // Signal wakes the idle loops that subscribed to it (Config.Wake). The zero

@@ -344,3 +344,83 @@ func TestNotifyOneWhileEveryLoopIsBusyMakesOneMorePass(t *testing.T) {
 		t.Fatalf("%d passes, want 3: one loop passes again, the other sleeps", got)
 	}
 }
+
+// A wake-up does not end the back-off after a failed pass: while the
+// database is down, every producer's commit notifying the relay would
+// otherwise turn the back-off into a pass per commit. The wake-up is kept,
+// so the pass after the back-off is not delayed by the polling interval.
+func TestAWakeUpDoesNotCutTheBackoffShort(t *testing.T) {
+	var wake Signal
+	var passes atomic.Int64
+	start(t, Config{PollInterval: time.Hour, Wake: &wake,
+		Backoff: func(int, error) time.Duration { return 300 * time.Millisecond }},
+		func(context.Context, int) (int, bool, error) {
+			if passes.Add(1) == 1 {
+				return 0, false, errors.New("database down")
+			}
+			return 0, false, nil
+		})
+	waitFor(t, "the failed pass", func() bool { return passes.Load() == 1 })
+	for range 50 {
+		wake.Notify()
+		time.Sleep(2 * time.Millisecond)
+	}
+	if n := passes.Load(); n != 1 {
+		t.Fatalf("%d passes during the back-off, want only the failed one", n)
+	}
+	waitFor(t, "the pass after the back-off", func() bool { return passes.Load() >= 2 })
+}
+
+// A Backoff that returns zero or less (an overflow in a caller's formula,
+// say) sleeps the polling interval: it does not make the loop spin.
+func TestABackoffOfZeroOrLessSleepsThePollingInterval(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Second} {
+		var passes atomic.Int64
+		stop := start(t, Config{PollInterval: 100 * time.Millisecond,
+			Backoff: func(int, error) time.Duration { return d }},
+			func(context.Context, int) (int, bool, error) {
+				passes.Add(1)
+				return 0, false, errors.New("down")
+			})
+		time.Sleep(250 * time.Millisecond)
+		stop()
+		if n := passes.Load(); n > 4 {
+			t.Errorf("Backoff %v: %d failed passes in 250 ms, want at most 4 with a 100 ms polling interval", d, n)
+		}
+	}
+}
+
+// A long back-off still ends soon after the cause is gone: a wake-up (a
+// producer's commit, which the database must be up to make) ends it after
+// its first second, not at its end, and not before.
+func TestAWakeUpEndsALongBackoffAfterItsFirstSecond(t *testing.T) {
+	var wake Signal
+	var passes atomic.Int64
+	failed := make(chan time.Time, 1)
+	start(t, Config{PollInterval: 50 * time.Millisecond, Wake: &wake,
+		Backoff: func(int, error) time.Duration { return time.Hour }},
+		func(context.Context, int) (int, bool, error) {
+			if passes.Add(1) == 1 {
+				failed <- time.Now()
+				return 0, false, errors.New("database down")
+			}
+			return 0, false, nil
+		})
+	at := <-failed
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+				wake.Notify()
+			}
+		}
+	}()
+	waitFor(t, "a pass after the back-off's first second", func() bool { return passes.Load() >= 2 })
+	if el := time.Since(at); el < 900*time.Millisecond {
+		t.Fatalf("the wake-ups ended the back-off after %v, want after its first second", el)
+	}
+}
