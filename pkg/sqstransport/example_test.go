@@ -33,9 +33,12 @@ func ExampleSubscriber_Run() {
 	body, _ := e.Marshal()
 	pub := sqstransport.NewPublisher(client, queueURL, 1)
 	for range 2 { // a relay that resent after a crash
-		if _, err := pub.PublishBatch(ctx, []outbox.Message{{EventID: e.EventID, Body: body,
-			Attributes: map[string]string{"event_id": e.EventID.String(), "event_type": e.EventType}}}); err != nil {
-			panic(err)
+		// A message SQS refused is in failed; err is for a call that
+		// could not be made at all. Either way, not sent.
+		failed, err := pub.PublishBatch(ctx, []outbox.Message{{EventID: e.EventID, Body: body,
+			Attributes: map[string]string{"event_id": e.EventID.String(), "event_type": e.EventType}}})
+		if err != nil || len(failed) > 0 {
+			panic(fmt.Sprint("not sent: ", err, failed))
 		}
 	}
 
