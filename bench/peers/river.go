@@ -46,8 +46,14 @@ type creditWorker struct {
 	done func(id uuid.UUID)
 }
 
-func (w *creditWorker) Work(ctx context.Context, job *river.Job[creditArgs]) error {
+func (w *creditWorker) Work(ctx context.Context, job *river.Job[creditArgs]) (err error) {
 	a := job.Args
+	// Stamped once the effect is committed, as the inbox's side is.
+	defer func() {
+		if err == nil {
+			w.done(a.EventID)
+		}
+	}()
 	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO bench_credits (payment_id, user_id, amount_paise, event_id) VALUES ($1, $2, $3, $4)`,
 			a.PaymentID, a.UserID, a.Amount, a.EventID); err != nil {
@@ -57,11 +63,8 @@ func (w *creditWorker) Work(ctx context.Context, job *river.Job[creditArgs]) err
 			a.UserID, a.Amount); err != nil {
 			return err
 		}
-		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
-			return err
-		}
-		w.done(a.EventID)
-		return nil
+		_, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job)
+		return err
 	})
 }
 

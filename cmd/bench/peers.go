@@ -125,16 +125,18 @@ func inboxPipelineRound(ctx context.Context, pg *pgEnv, r, n int, rate float64) 
 			return err
 		}
 		cr := credit{env: e, payment: p.PaymentID, user: p.UserID, amount: 2400}
-		if err := cr.apply(ctx, tx); err != nil {
-			return err
-		}
-		now := time.Now()
-		mu.Lock()
-		applied[e.EventID] = now
-		mu.Unlock()
-		nApplied.Add(1)
-		return nil
-	}, idempotent.ProcessorConfig{Workers: 4, Pool: procPool, PollInterval: 50 * time.Millisecond, Logger: quiet})
+		return cr.apply(ctx, tx)
+	}, idempotent.ProcessorConfig{Workers: 4, Pool: procPool, PollInterval: 50 * time.Millisecond, Logger: quiet,
+		// Stamped once the effect is committed, as River's side is.
+		AfterCommit: func(ids []uuid.UUID) {
+			now := time.Now()
+			mu.Lock()
+			for _, id := range ids {
+				applied[id] = now
+			}
+			mu.Unlock()
+			nApplied.Add(int64(len(ids)))
+		}})
 	if err != nil {
 		return 0, nil, err
 	}

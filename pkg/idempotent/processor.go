@@ -95,6 +95,13 @@ type ProcessorConfig struct {
 	// worker that acts on what the handlers wrote (notifications' SMS
 	// sender) starts at once rather than at its next poll.
 	Committed *worker.Signal
+	// AfterCommit, when set, is called after each batch commits with the
+	// ids of the rows it applied (their handlers returned nil), on the
+	// worker's goroutine: keep it short. For what must follow the commit,
+	// never precede it, such as a latency measured to the effect's
+	// commit. A crash between the commit and the call loses the call, not
+	// the effects.
+	AfterCommit func(applied []uuid.UUID)
 	// Logger [the Inbox's].
 	Logger *slog.Logger
 }
@@ -570,6 +577,17 @@ func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
 	}
 	if p.cfg.Committed != nil {
 		p.cfg.Committed.Notify()
+	}
+	if p.cfg.AfterCommit != nil {
+		ids := make([]uuid.UUID, 0, len(results))
+		for _, r := range results {
+			if r.err == nil {
+				ids = append(ids, r.row.MessageID)
+			}
+		}
+		if len(ids) > 0 {
+			p.cfg.AfterCommit(ids)
+		}
 	}
 	p.report(ctx, results, outcomes)
 	return nil

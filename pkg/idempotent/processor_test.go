@@ -3,15 +3,18 @@ package idempotent_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -371,5 +374,66 @@ func TestProcessorClaimCommitsAsynchronouslyTheEffectDoesNot(t *testing.T) {
 	}
 	if count(t, pool, `SELECT count(*) FROM applied`) != 1 {
 		t.Fatal("the effect was not applied")
+	}
+}
+
+// AfterCommit hears of each batch once it has committed, with the ids of
+// the rows it applied: at that moment another session already sees their
+// effects. A row whose handler failed is not among them.
+func TestProcessorAfterCommitNamesTheAppliedRowsOnceTheyAreCommitted(t *testing.T) {
+	t.Parallel()
+	pool := inboxSetup(t)
+	in := newInbox(t, pool, "notifications", idempotent.InboxConfig{})
+	good := []events.Envelope{keyedEvent(t, "k_1", 1), keyedEvent(t, "k_2", 1), keyedEvent(t, "k_3", 1)}
+	bad := keyedEvent(t, "k_bad", 1)
+	for _, e := range append(good, bad) {
+		receive(t, in, e)
+	}
+	var mu sync.Mutex
+	heard := map[uuid.UUID]int{}
+	var invisible []uuid.UUID
+	h := func(ctx context.Context, tx pgx.Tx, e events.Envelope) error {
+		if e.EventID == bad.EventID {
+			return errors.New("refused")
+		}
+		return record(ctx, tx, e)
+	}
+	runProcessors(t, pool, in, h, idempotent.ProcessorConfig{PollInterval: 10 * time.Millisecond, RetryBase: time.Hour,
+		AfterCommit: func(ids []uuid.UUID) {
+			for _, id := range ids {
+				var n int
+				if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM applied WHERE event_id = $1`, id).Scan(&n); err != nil || n != 1 {
+					mu.Lock()
+					invisible = append(invisible, id)
+					mu.Unlock()
+				}
+			}
+			mu.Lock()
+			for _, id := range ids {
+				heard[id]++
+			}
+			mu.Unlock()
+		}}, 1)
+	waitFor(t, 10*time.Second, "the good rows DONE", func() bool {
+		for _, e := range good {
+			if inboxRow(t, pool, "notifications", e.EventID).Status != "DONE" {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(100 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, e := range good {
+		if heard[e.EventID] != 1 {
+			t.Errorf("AfterCommit named %s %d times, want once", e.EventID, heard[e.EventID])
+		}
+	}
+	if heard[bad.EventID] != 0 {
+		t.Errorf("AfterCommit named the row whose handler failed")
+	}
+	if len(invisible) > 0 {
+		t.Errorf("AfterCommit named %v before their effects were visible", invisible)
 	}
 }
