@@ -143,7 +143,12 @@ func (r *report) add(row *Row) *Row {
 	defer r.mu.Unlock()
 	if row.Baseline != nil && row.Baseline.Value != 0 {
 		row.Ratio = row.Value / row.Baseline.Value
-		if b := row.Baseline.Rounds; len(b) > 1 && len(b) == len(row.Rounds) {
+		if b := row.Baseline.Rounds; len(b) <= 1 || len(b) != len(row.Rounds) {
+			// Said, not silent: such a ratio is not of interleaved rounds,
+			// and a target is judged on it, not on a lower quartile.
+			r.Notes = append(r.Notes, fmt.Sprintf("%s: a ratio of one value to another (%d rounds against the baseline's %d), not the median of per-round ratios; its target is judged on that one value",
+				row.Key, len(row.Rounds), len(b)))
+		} else {
 			row.RatioRounds = make([]float64, len(b))
 			for i := range b {
 				row.RatioRounds[i] = row.Rounds[i] / b[i]
