@@ -3,7 +3,9 @@ package e2e
 import (
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -226,6 +228,12 @@ func TestSIGTERMToPaymentsUnderLoadAnswersWhatItBeganAndARetryWithTheSameKeyMake
 	}
 	if c := count(t, s.payDB, `SELECT count(*) FROM payments WHERE user_id = $1`, user); c != int64(len(tries)) {
 		t.Errorf("%d payments stored for %d keys, want one each", c, len(tries))
+	}
+	// One event each: rewards' business key would hide a second
+	// PaymentSucceeded for a payment, and a consumer without one would not.
+	ids := slices.Collect(maps.Keys(payIDs))
+	if c := count(t, s.payDB, `SELECT count(*) FROM outbox WHERE aggregate_id = ANY($1) AND event_type = $2`, ids, contract.PaymentSucceeded); c != int64(len(ids)) {
+		t.Errorf("%d PaymentSucceeded rows for %d payments, want one each", c, len(ids))
 	}
 	// Every payment's event was published (by the drained relay or the
 	// restarted one) and credited once.

@@ -18,10 +18,17 @@ import (
 // same Stripe key (pi:<payment id>, which answers with the first charge),
 // then commits the payment and its event: one payment, one credit, one
 // SMS, with no request from anyone. The client's retry, a day later or a
-// minute, replays that payment.
+// minute, replays that payment. A recording proxy in front of Stripe shows
+// the charge was made before the kill, and that every charge, the first
+// and the resumed one, went under that one key: the card is charged once.
 func TestAChargeCrashedBeforeItsCommitIsRecordedWithoutAClientRetryAndCreditedOnce(t *testing.T) {
 	l := local(t)
-	lease := []string{"IDEMPOTENCY_LOCK_TIMEOUT=2s", "STRIPE_TIMEOUT=1s"}
+	target := s.env["STRIPE_URL"]
+	if target == "" {
+		target = "http://127.0.0.1:12111"
+	}
+	rec, proxy := newStripeRecorder(t, target)
+	lease := []string{"IDEMPOTENCY_LOCK_TIMEOUT=2s", "STRIPE_TIMEOUT=1s", "STRIPE_URL=" + proxy.URL}
 	user := id("u_e2e20")
 	restartWith(t, "payments", append(lease, "FAILPOINTS=after-charge-before-commit="+user)...)
 	key := "k_" + s.run + "_" + randomHex(8)
@@ -52,6 +59,10 @@ func TestAChargeCrashedBeforeItsCommitIsRecordedWithoutAClientRetryAndCreditedOn
 	if n := count(t, s.payDB, `SELECT count(*) FROM payments WHERE id = $1`, paymentID); n != 0 {
 		t.Fatalf("payment %s recorded before the restart (%d rows): the crash point was not between the charge and the commit", paymentID, n)
 	}
+	stripeKey := "pi:" + paymentID
+	if c := rec.charges(); len(c) != 1 || c[stripeKey] < 1 {
+		t.Fatalf("charges at Stripe before the restart, by key: %v; want one, under %s", c, stripeKey)
+	}
 
 	// Restarted with no client anywhere: the resume task records it.
 	if err := l.Start("payments", append(lease, "FAILPOINTS=")...); err != nil {
@@ -74,6 +85,11 @@ func TestAChargeCrashedBeforeItsCommitIsRecordedWithoutAClientRetryAndCreditedOn
 	}
 	if p := decode[payment](t, b); p.ID != paymentID {
 		t.Errorf("the retry answered payment %s, want the resumed %s", p.ID, paymentID)
+	}
+	// The resume repeated the charge under the first one's key (Stripe
+	// answers it with the first charge); the replay charged nothing.
+	if c := rec.charges(); len(c) != 1 || c[stripeKey] < 2 {
+		t.Errorf("charges at Stripe by key after the resume and the retry: %v; want the first and the resumed, all under %s", c, stripeKey)
 	}
 	if n := count(t, s.payDB, `SELECT count(*) FROM payments WHERE user_id = $1`, user); n != 1 {
 		t.Errorf("%d payments for %s, want 1", n, user)
