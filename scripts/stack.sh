@@ -19,7 +19,9 @@
 # Settings (environment):
 #   DATABASE_URL      use this PostgreSQL server (its maintenance db URL);
 #                     unset: a throwaway cluster in .stack/pg, run with the
-#                     machine's initdb/pg_ctl on a free 127.0.0.1 port
+#                     machine's initdb/pg_ctl on a free 127.0.0.1 port. The
+#                     cluster's own URL (as a shell that sourced .stack/env
+#                     has it, marked by STACK_OWN_DATABASE_URL) counts as unset
 #   PG_BINDIR         where initdb/pg_ctl live (default: newest
 #                     /usr/lib/postgresql/*/bin, else PATH)
 #   SQS_SERVER        fauxqs (default) or moto: the SQS server started on
@@ -271,14 +273,25 @@ with_db() {
 
 redact() { sed -E 's#(://[^:/@]*):[^@/]*@#\1:***@#' <<<"$1"; }
 
-# ensure_postgres sets ADMIN_URL.
-ensure_postgres() {
-	local bin recorded
-	bin=$(pg_bindir 2>/dev/null || true)
+# external_database_url: DATABASE_URL is set and is not our own throwaway
+# cluster's. Our own is the URL in .stack/pg/url, or the one .stack/env
+# marked as ours in STACK_OWN_DATABASE_URL: a shell that sourced .stack/env
+# keeps both even after `clean` deleted .stack/pg/url or the cluster came
+# back on another port.
+external_database_url() {
+	local recorded
 	recorded=$(cat "$STACK/pg/url" 2>/dev/null || true)
-	# A DATABASE_URL that is not our own throwaway cluster's (the shell may
-	# have sourced .stack/env) is someone else's server: use it as it is.
-	if [[ -n ${DATABASE_URL:-} && $DATABASE_URL != "$recorded" ]]; then
+	[[ -n ${DATABASE_URL:-} && $DATABASE_URL != "$recorded" && $DATABASE_URL != "${STACK_OWN_DATABASE_URL:-}" ]]
+}
+
+# ensure_postgres sets ADMIN_URL, and OWN_PG=true when it is our cluster's.
+ensure_postgres() {
+	local bin
+	OWN_PG=false
+	bin=$(pg_bindir 2>/dev/null || true)
+	# A DATABASE_URL that is not our own throwaway cluster's is someone
+	# else's server: use it as it is.
+	if external_database_url; then
 		local isready
 		isready=$(command -v pg_isready || echo "$bin/pg_isready")
 		[[ -x $isready ]] || die "need pg_isready (postgresql-client) to check DATABASE_URL"
@@ -298,6 +311,7 @@ ensure_postgres() {
 			log "postgres: reusing the cluster on port $port"
 			wait_up "postgres" 30 "" "$LOGS/postgres.log" "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"
 			ADMIN_URL=$(<"$STACK/pg/url")
+			OWN_PG=true
 			return
 		fi
 		# Running, but we lost track of its port: restart it.
@@ -334,6 +348,7 @@ ensure_postgres() {
 	echo "$port" >"$STACK/pg/port"
 	ADMIN_URL="postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable"
 	echo "$ADMIN_URL" >"$STACK/pg/url"
+	OWN_PG=true
 }
 
 stop_postgres() {
@@ -476,9 +491,8 @@ cmd_restart_sqs() {
 
 # restart-pg: pg_ctl restart of the throwaway cluster, with its options.
 cmd_restart_pg() {
-	local data bin port recorded
-	recorded=$(cat "$STACK/pg/url" 2>/dev/null || true)
-	if [[ -n ${DATABASE_URL:-} && $DATABASE_URL != "$recorded" ]]; then
+	local data bin port
+	if external_database_url; then
 		log "DATABASE_URL is a server this script did not start: not restarting it"
 		exit 3
 	fi
@@ -560,6 +574,9 @@ cmd_infra_up() {
 	{
 		echo "# Written by scripts/stack.sh infra-up; removed by down. Load it with: . .stack/env"
 		env_line DATABASE_URL "$ADMIN_URL"
+		# Marks that DATABASE_URL as the throwaway cluster's, not a server
+		# of the user's (see external_database_url); empty for the user's.
+		if [[ $OWN_PG == true ]]; then env_line STACK_OWN_DATABASE_URL "$ADMIN_URL"; else env_line STACK_OWN_DATABASE_URL ""; fi
 		env_line PAYMENTS_DATABASE_URL "$(with_db "$ADMIN_URL" payments)"
 		env_line REWARDS_DATABASE_URL "$(with_db "$ADMIN_URL" rewards)"
 		env_line NOTIFICATIONS_DATABASE_URL "$(with_db "$ADMIN_URL" notifications)"
