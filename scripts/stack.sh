@@ -636,11 +636,22 @@ cmd_clean() {
 	rm -rf "$STACK"
 }
 
+# stack_running: .stack/env is there and the servers infra-up started for
+# it still run. The file alone says nothing: it outlives a run that was
+# killed and a reboot.
+stack_running() {
+	[[ -f $STACK/env ]] || return 1
+	recorded_pid stripe-mock stripe-mock >/dev/null || return 1
+	recorded_pid fauxqs fauxqs >/dev/null || recorded_pid moto moto.server >/dev/null || return 1
+	# No postgres.pid: DATABASE_URL is the user's server, not ours to check.
+	[[ ! -f $PIDS/postgres.pid ]] || recorded_pid postgres postgres >/dev/null
+}
+
 cmd_with() {
 	(($# > 0)) || die "usage: scripts/stack.sh with CMD [ARGS…]"
 	# Only a stack this run brings up is taken down after it: one that was
 	# already up (the developer's) is reused and left running.
-	if [[ ! -f $STACK/env ]]; then
+	if ! stack_running; then
 		trap '"$SELF" down' EXIT
 		trap 'exit 130' INT
 		trap 'exit 143' TERM
