@@ -9,7 +9,9 @@
 #   scripts/stack.sh clean       down, then delete .stack/ (cluster data too)
 #   scripts/stack.sh with CMD…   infra-up, run CMD with .stack/env loaded, then
 #                                down if the stack was not up before; exits
-#                                with CMD's status
+#                                with CMD's status (a TERM or INT to it is
+#                                passed on to CMD at once; it then exits 143
+#                                or 130)
 #   scripts/stack.sh restart-pg  pg_ctl restart of the throwaway cluster (exit
 #                                3 when DATABASE_URL is another server)
 #   scripts/stack.sh restart-sqs stop and start fauxqs on its port (exit 3
@@ -647,25 +649,86 @@ stack_running() {
 	[[ ! -f $PIDS/postgres.pid ]] || recorded_pid postgres postgres >/dev/null
 }
 
+# command_tree PID → PID and its descendants in this shell's process group,
+# one a line: what of a command a Ctrl-C in the terminal reaches (go run and
+# go test die of a SIGTERM without passing it on to the program or test
+# binary they started). Processes in groups of their own (the services of
+# internal/stack) are not in it: their owner stops them.
+command_tree() {
+	local -A kids=()
+	local f s ppid pgrp mine pid c queue=("$1") i=0
+	read -r s <"/proc/$$/stat"
+	s=${s##*) }
+	read -r _ _ mine _ <<<"$s"
+	for f in /proc/[0-9]*/stat; do
+		{ read -r s <"$f"; } 2>/dev/null || continue
+		s=${s##*) }
+		read -r _ ppid pgrp _ <<<"$s"
+		[[ $pgrp == "$mine" ]] || continue
+		pid=${f#/proc/}
+		kids[$ppid]+=" ${pid%/stat}"
+	done
+	while ((i < ${#queue[@]})); do
+		pid=${queue[i++]}
+		echo "$pid"
+		for c in ${kids[$pid]:-}; do queue+=("$c"); done
+	done
+}
+
+# pass_on SIG: cmd_with's TERM and INT trap (its locals: pid, sig, nsig,
+# tree): SIG to CMD's processes, if CMD has started.
+pass_on() {
+	sig=$1 nsig=$((nsig + 1))
+	[[ -n $pid ]] || return 0
+	mapfile -t tree < <(command_tree "$pid")
+	kill -"$1" "${tree[@]}" 2>/dev/null || true
+}
+
 cmd_with() {
 	(($# > 0)) || die "usage: scripts/stack.sh with CMD [ARGS…]"
 	# Only a stack this run brings up is taken down after it: one that was
 	# already up (the developer's) is reused and left running.
 	if ! stack_running; then
 		trap '"$SELF" down' EXIT
-		trap 'exit 130' INT
-		trap 'exit 143' TERM
 	fi
+	# TERM and INT are passed on to CMD at once (CMD runs in the
+	# background, and this shell waits for it); once it and what it
+	# started have ended, this script exits 143 or 130 (and, above, takes
+	# the stack down). During infra-up they wait for it to finish.
+	local pid='' sig='' nsig=0 tree=()
+	trap 'pass_on TERM' TERM
+	trap 'pass_on INT' INT
 	# A separate process, so the servers are not this shell's children.
 	"$SELF" infra-up
-	local rc=0
-	(
-		set -a
-		# shellcheck source=/dev/null
-		. "$STACK/env"
-		set +a
-		exec "$@"
-	) || rc=$?
+	if ((nsig == 0)); then
+		# <&0 and trap -: a command run in the background would
+		# otherwise read /dev/null and ignore INT and QUIT.
+		(
+			trap - INT QUIT
+			set -a
+			# shellcheck source=/dev/null
+			. "$STACK/env"
+			set +a
+			exec "$@"
+		) <&0 &
+		pid=$!
+	fi
+	local rc=0 seen
+	while [[ -n $pid ]]; do
+		seen=$nsig
+		wait "$pid" && rc=0 || rc=$?
+		((nsig != seen)) || break # not a signal: CMD has ended, with rc
+	done
+	((nsig == 0)) || {
+		# The processes it started may still be stopping theirs (the demo
+		# its services, which need the stack): give them 40 s.
+		local p deadline=$((SECONDS + 40))
+		for p in "${tree[@]}"; do
+			while alive "$p" && ((SECONDS < deadline)); do sleep 0.1; done
+		done
+		[[ $sig == TERM ]] && exit 143
+		exit 130
+	}
 	exit "$rc"
 }
 
