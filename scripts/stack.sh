@@ -164,12 +164,18 @@ recorded_pid() {
 recorded_port() { cat "$PIDS/$1.port" 2>/dev/null || true; }
 
 stop_recorded() { # NAME PATTERN
-	local pid
+	local pid port
 	if pid=$(recorded_pid "$1" "$2"); then
 		log "stopping $1 (pid $pid)"
 		kill -TERM "$pid" 2>/dev/null || true
 		for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
 		if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+		# Its main thread can be a zombie while the others still hold the
+		# port: a start on it at once would find it taken.
+		port=$(recorded_port "$1")
+		if [[ -n $port ]]; then
+			for _ in $(seq 50); do port_in_use "$port" || break; sleep 0.1; done
+		fi
 	fi
 	rm -f "$PIDS/$1.pid" "$PIDS/$1.port"
 }
