@@ -39,7 +39,9 @@
 #                     MOTO_ENDPOINT_URL is AWS_ENDPOINT_URL
 #   FAUXQS_PERSISTENCE  true: fauxqs keeps its queues and messages (ready and
 #                     in flight) in SQLite under .stack/sqs, so a restart
-#                     loses nothing, as with SQS; default: in memory
+#                     loses nothing, as with SQS; default: in memory. A
+#                     running fauxqs of the stack started with the other
+#                     setting is restarted (unset: reused as it runs)
 #   STRIPE_MOCK_PORT  stripe-mock HTTP port (default 12111)
 #   PAYMENTS_PORT, REWARDS_PORT, NOTIFICATIONS_PORT, SMS_PROVIDER_PORT
 #                     where the services will listen (default 8081, 8082,
@@ -393,12 +395,17 @@ stripe_mock_healthy() {
 }
 
 ensure_fauxqs() {
-	local port=$SQS_PORT
+	local port=$SQS_PORT running
+	running=$(cat "$PIDS/fauxqs.persistence" 2>/dev/null || echo false)
 	if recorded_pid fauxqs fauxqs >/dev/null && [[ $(recorded_port fauxqs) == "$port" ]] && fauxqs_healthy "$port"; then
-		log "fauxqs: reusing the one on port $port"
-		return
+		# FAUXQS_PERSISTENCE unset: either will do.
+		if [[ -z ${FAUXQS_PERSISTENCE:-} || $FAUXQS_PERSISTENCE == "$running" ]]; then
+			log "fauxqs: reusing the one on port $port (persistence: $running)"
+			return
+		fi
+		log "fauxqs: the one on port $port runs with persistence $running, FAUXQS_PERSISTENCE=$FAUXQS_PERSISTENCE: restarting it (its queues start empty)"
 	fi
-	stop_recorded fauxqs fauxqs # ours but unhealthy, or on another port
+	stop_recorded fauxqs fauxqs # ours but unhealthy, on another port, or not as asked
 	port_in_use "$port" && die "port $port (SQS) is already in use by a process this script did not start: stop it, or set SQS_PORT to another port"
 	local persist=${FAUXQS_PERSISTENCE:-false}
 	log "fauxqs: starting on port $port (persistence: $persist)"
