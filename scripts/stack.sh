@@ -132,7 +132,9 @@ cmd_deps() {
 				why="go install of stripe-mock failed (see above)"
 		fi
 		if [[ -n $why ]]; then
-			[[ -n $npm_pid ]] && kill "$npm_pid" 2>/dev/null
+			# || true: npm may have ended already, and set -e would then
+			# exit here, before the message.
+			if [[ -n $npm_pid ]]; then kill "$npm_pid" 2>/dev/null || true; fi
 			die "$why"
 		fi
 		echo "$STRIPE_MOCK_VERSION" >"$stamp"
