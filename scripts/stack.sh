@@ -259,11 +259,15 @@ pg_bindir() {
 	dirname "$(readlink -f "$d")"
 }
 
+need_pg_user() { # as root: the postgres user to run the cluster as, or die saying so
+	id -u postgres >/dev/null 2>&1 || die "running as root, which PostgreSQL refuses, and there is no postgres user to run it as: set DATABASE_URL"
+}
+
 # as_pg CMD… : initdb and pg_ctl refuse to run as root, so as root run them
 # as the postgres system user, from a directory it can read.
 as_pg() {
 	if ((EUID == 0)); then
-		id -u postgres >/dev/null 2>&1 || die "running as root, which PostgreSQL refuses, and there is no postgres user to run it as: set DATABASE_URL"
+		need_pg_user
 		(cd / && runuser -u postgres -- "$@")
 	else
 		"$@"
@@ -333,6 +337,7 @@ ensure_postgres() {
 	if [[ -z $data || ! -f $data/PG_VERSION ]]; then
 		data=$STACK/pg/data
 		if ((EUID == 0)); then
+			need_pg_user
 			chown postgres: "$STACK/pg"
 			# The postgres user must reach the data dir through every parent
 			# directory; a clone under /root can't be, so use /tmp then.
