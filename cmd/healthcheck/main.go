@@ -1,6 +1,7 @@
 // Command healthcheck is the container healthcheck of the project's images,
 // which are distroless (no shell, no curl): it GETs a URL and exits 0 when
-// the answer is the expected one, 1 otherwise, saying why on stderr.
+// the answer is the expected one, 1 otherwise, saying why on stderr. A usage
+// error (and -h) exits 1 too: Docker reserves every status but 0 and 1.
 //
 //	healthcheck [-timeout 3s] [-any] URL
 //
@@ -20,18 +21,23 @@ import (
 )
 
 func main() {
-	timeout := flag.Duration("timeout", 3*time.Second, "give up after this long")
-	anyStatus := flag.Bool("any", false, "healthy on any HTTP status below 500")
-	flag.Usage = func() {
+	// ContinueOnError: the flag package's own exit on a bad flag is 2 (0
+	// for -h), and Docker takes neither as meant.
+	flags := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
+	timeout := flags.Duration("timeout", 3*time.Second, "give up after this long")
+	anyStatus := flags.Bool("any", false, "healthy on any HTTP status below 500")
+	flags.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: healthcheck [-timeout 3s] [-any] URL")
-		flag.PrintDefaults()
+		flags.PrintDefaults()
 	}
-	flag.Parse()
-	if flag.NArg() != 1 {
-		flag.Usage()
-		os.Exit(2)
+	if err := flags.Parse(os.Args[1:]); err != nil {
+		os.Exit(1) // Parse has printed the error and the usage
 	}
-	if err := check(flag.Arg(0), *timeout, *anyStatus); err != nil {
+	if flags.NArg() != 1 {
+		flags.Usage()
+		os.Exit(1)
+	}
+	if err := check(flags.Arg(0), *timeout, *anyStatus); err != nil {
 		fmt.Fprintln(os.Stderr, "unhealthy:", err)
 		os.Exit(1)
 	}
