@@ -69,15 +69,16 @@ type base struct {
 	pkg       string // go package that builds it
 	portVar   string // the env variable it reads its port from
 	urlVar    string // the .stack/env variable that says where it listens
+	stackVar  string // scripts/stack.sh's setting that urlVar is written from
 	port      int    // default port
 	readyPath string // 200 when ready
 }
 
 var bases = map[string]base{
-	SMSProvider:   {"./services/notifications/cmd/smsprovider", "SMS_PROVIDER_PORT", "SMS_PROVIDER_URL", 8090, "/healthz"},
-	Payments:      {"./services/payments", "PORT", "PAYMENTS_URL", 8081, "/readyz"},
-	Rewards:       {"./services/rewards", "PORT", "REWARDS_URL", 8082, "/readyz"},
-	Notifications: {"./services/notifications", "PORT", "NOTIFICATIONS_URL", 8083, "/readyz"},
+	SMSProvider:   {"./services/notifications/cmd/smsprovider", "SMS_PROVIDER_PORT", "SMS_PROVIDER_URL", "SMS_PROVIDER_PORT", 8090, "/healthz"},
+	Payments:      {"./services/payments", "PORT", "PAYMENTS_URL", "PAYMENTS_PORT", 8081, "/readyz"},
+	Rewards:       {"./services/rewards", "PORT", "REWARDS_URL", "REWARDS_PORT", 8082, "/readyz"},
+	Notifications: {"./services/notifications", "PORT", "NOTIFICATIONS_URL", "NOTIFICATIONS_PORT", 8083, "/readyz"},
 }
 
 // RepoRoot walks up from the working directory to the directory whose
@@ -750,7 +751,11 @@ func (l *Local) checkPort(name string, port int) error {
 	}
 	var hint string
 	if b, ok := bases[name]; ok {
-		hint = fmt.Sprintf("give %s another port (%s in Options.Env)", name, b.urlVar)
+		// make demo and make e2e take the URLs from .stack/env, which
+		// scripts/stack.sh writes from its *_PORT settings (a *_URL in
+		// the shell is not looked at).
+		hint = fmt.Sprintf("give %s another port: %s=<port> make demo (or make e2e); a program of your own sets %s in Options.Env",
+			name, b.stackVar, b.urlVar)
 	} else if p, ok := l.procs[name]; ok {
 		hint = fmt.Sprintf("give %s another port (%s=<port>)", name, bases[p.base].portVar)
 	}
