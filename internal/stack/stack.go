@@ -15,8 +15,8 @@
 // Every process gets the parent-death signal (SIGKILL, Linux), is forked
 // from a thread that lives as long as this process (sysproc.Start), and runs
 // in its own process group: a Ctrl-C in the terminal reaches the program
-// that owns the Local, which stops the services in order, and a crash of
-// that program takes them all down with it.
+// that owns the Local, which stops the services (Close: SIGTERM to all at
+// once), and a crash of that program takes them all down with it.
 package stack
 
 import (
@@ -422,7 +422,8 @@ func (l *Local) StartNoWait(name string, env ...string) error {
 // notifications or smsprovider) under a new name, a replica such as
 // "rewards-2" with PORT=8092 or "payments-relay" with ROLE=relay, and waits
 // until it is ready. Its port is the PORT (SMS_PROVIDER_PORT for
-// smsprovider) in env, else a free one the kernel picks (see URL). env
+// smsprovider) in env, else a free one chosen at random in 20000-32000
+// (ports.Free, below the kernel's ephemeral range; see URL). env
 // stays with the name: Start(name) later runs it with the same env again.
 // Its log is LogPath(name).
 func (l *Local) StartAs(name, baseName string, env ...string) error {
@@ -815,7 +816,7 @@ func (l *Local) spawn(p *proc, extra []string) (*run, error) {
 	if err != nil {
 		return nil, err
 	}
-	attr.Setpgid = true // a terminal's Ctrl-C is for our owner, who stops us in order
+	attr.Setpgid = true // a terminal's Ctrl-C is for our owner, who stops us (Close)
 	cmd := exec.Command(bin)
 	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = l.root, env, logf, logf, attr
 	writeMarker(logf, "INFO", "stack: starting", "name", p.name, "binary", p.base, "port", port, "env", append(append([]string{}, p.identity...), extra...))
