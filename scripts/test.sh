@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The body of `make test`, run inside the local stack by
-#   WITH_MOTO=true scripts/stack.sh with scripts/test.sh
+# The body of `make test`, run inside the local stack with WITH_MOTO=true
 # so that .stack/env names both SQS servers: fauxqs (AWS_ENDPOINT_URL) and
-# moto (MOTO_ENDPOINT_URL). In order, stopping at the first failure:
+# moto (MOTO_ENDPOINT_URL). By hand, E2E_QUEUE_RUN (the e2e scenarios to
+# run again on moto: the Makefile's, for make test) must be given, e.g.
+#   WITH_MOTO=true E2E_QUEUE_RUN='^TestRelayKilledAfterPublish' scripts/stack.sh with scripts/test.sh
+# In order, stopping at the first failure:
 #
 #   1. every package compiled once, without -race: what the tests that
 #      build the services (internal/stack, layering, template) then find
@@ -20,7 +22,7 @@
 # The full output of each e2e run is kept in .stack/logs/e2e-<server>.out.
 #
 # Settings (environment, set by the Makefile): GO, PKGS, TEST_FLAGS,
-# E2E_FLAGS, SQS_PKGS, E2E_QUEUE_RUN.
+# E2E_FLAGS, SQS_PKGS (each with a default here), E2E_QUEUE_RUN (none).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
