@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -45,13 +46,19 @@ func loadConfig(opts env.Options) (config, error) {
 }
 
 func main() {
-	if err := run(); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Stdout)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "dynamocashback:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+// run consumes, configured by the environment and logging to logs, until
+// ctx ends (a signal, in main), and returns nil then: the deliveries in
+// flight finish first, within the subscriber's grace.
+func run(ctx context.Context, logs io.Writer) error {
 	cfg, err := loadConfig(env.Options{})
 	if err != nil {
 		return err
@@ -60,9 +67,7 @@ func run() error {
 	if cfg.LogLevelDebug {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: level}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))
 
 	db, err := idemdynamo.NewClient(ctx)
 	if err != nil {
