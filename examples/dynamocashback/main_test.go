@@ -8,7 +8,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/sqstransport"
@@ -67,7 +66,7 @@ func TestTheCommandCreditsACopiedPaymentOnceAndStopsCleanly(t *testing.T) {
 	f := fixture{db: db, app: app, t: tb}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if found, _ := f.creditOf(t, "pay_cmd_1"); found && drained(t, sq, url) {
+		if found, _ := f.creditOf(t, "pay_cmd_1"); found && testenv.QueueEmpty(t, sq, url) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -88,17 +87,4 @@ func TestTheCommandCreditsACopiedPaymentOnceAndStopsCleanly(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("run did not return within 30 s of its context's end")
 	}
-}
-
-// drained reports whether the queue holds no message, visible or in flight.
-func drained(t *testing.T, sq *sqs.Client, url string) bool {
-	t.Helper()
-	out, err := sq.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url),
-		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages,
-			types.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessages)] == "0" &&
-		out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)] == "0"
 }

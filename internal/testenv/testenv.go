@@ -57,6 +57,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectively-once/payments-cashback/internal/ports"
@@ -598,6 +599,20 @@ func Queue(t testing.TB, c *sqs.Client, maxReceiveCount int, visibility time.Dur
 		}
 	})
 	return q, dlq
+}
+
+// QueueEmpty reports whether the queue at url holds no message, visible or
+// in flight (every one received was deleted).
+func QueueEmpty(t testing.TB, c *sqs.Client, url string) bool {
+	t.Helper()
+	out, err := c.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages,
+			types.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
+	if err != nil {
+		t.Fatalf("testenv: attributes of queue %s: %v", url, err)
+	}
+	return out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessages)] == "0" &&
+		out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)] == "0"
 }
 
 // ---------------------------------------------------------------------------

@@ -153,14 +153,7 @@ func (s *stack) count(sql string, args ...any) int {
 	return n
 }
 
-func (s *stack) queueEmpty(url string) bool {
-	out, err := s.sqs.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{
-		QueueUrl: aws.String(url), AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll}})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	return out.Attributes["ApproximateNumberOfMessages"] == "0" && out.Attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
-}
+func (s *stack) queueEmpty(url string) bool { return testenv.QueueEmpty(s.t, s.sqs, url) }
 
 func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()

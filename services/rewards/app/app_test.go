@@ -180,14 +180,7 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 }
 
 // queueEmpty: no message visible or in flight on url.
-func (s *stack) queueEmpty(url string) bool {
-	out, err := s.sqs.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{
-		QueueUrl: aws.String(url), AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll}})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	return out.Attributes["ApproximateNumberOfMessages"] == "0" && out.Attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
-}
+func (s *stack) queueEmpty(url string) bool { return testenv.QueueEmpty(s.t, s.sqs, url) }
 
 // wallet reads GET /v1/wallets/{user} through the HTTP API.
 func (s *stack) wallet(user string) cashback.Wallet {
