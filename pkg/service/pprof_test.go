@@ -4,12 +4,13 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/effectively-once/payments-cashback/internal/ports"
 	"github.com/effectively-once/payments-cashback/pkg/service"
 )
 
@@ -24,12 +25,12 @@ func TestPprofTaskRefusesAnAddressOffThisMachine(t *testing.T) {
 }
 
 func TestPprofTaskServesProfilesOnLoopbackUntilCancelled(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// Outside the ephemeral range: no connection of another test takes it meanwhile.
+	port, err := ports.Free()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	_ = l.Close()
+	addr := "127.0.0.1:" + strconv.Itoa(port)
 	task, err := service.PprofTask(addr, quiet)
 	if err != nil {
 		t.Fatal(err)

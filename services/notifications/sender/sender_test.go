@@ -413,6 +413,10 @@ func TestConcurrentSendersDeliverOnce(t *testing.T) {
 	for range 3 {
 		cfg := fast()
 		cfg.PollInterval = 10 * time.Millisecond
+		// 30 rows over 3 senders on a loaded machine: fast()'s 200 ms a
+		// send can run out before the provider accepts, and the resend
+		// then looks like the double send this test is about.
+		cfg.SendTimeout, cfg.Lease = time.Second, 5*time.Second
 		s := e.sender(sms.NewHTTPProvider(e.url, "", time.Second), cfg)
 		wg.Go(func() { _ = s.Run(ctx) })
 	}

@@ -5,9 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/effectively-once/payments-cashback/internal/ports"
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/outage"
 	"github.com/effectively-once/payments-cashback/pkg/service"
@@ -332,12 +333,12 @@ func TestResetAndHealth(t *testing.T) {
 
 // A provider that is down is a retryable error (the request never left).
 func TestConnectionRefusedIsRetryable(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// Outside the ephemeral range: no connection of another test takes it meanwhile.
+	port, err := ports.Free()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := "127.0.0.1:" + strconv.Itoa(port)
 	c := sms.NewHTTPProvider("http://"+addr, sendKey, time.Second)
 	if _, err := c.Send(context.Background(), sms.Message{IdempotencyKey: "sms:a", To: "u", Body: "b"}); sms.Classify(err) != sms.Retryable {
 		t.Errorf("connection refused: %v (%v), want retryable", err, sms.Classify(err))

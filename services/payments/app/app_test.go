@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"path"
 	"strconv"
@@ -19,6 +18,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/effectively-once/payments-cashback/internal/ports"
 	"github.com/effectively-once/payments-cashback/internal/testenv"
 	"github.com/effectively-once/payments-cashback/pkg/events"
 	"github.com/effectively-once/payments-cashback/pkg/service"
@@ -346,14 +346,16 @@ func TestMigrateRoleAppliesTheSchemaAndExits(t *testing.T) {
 	}
 }
 
+// freePort is a port free now, outside the kernel's ephemeral range, so
+// no test's outgoing connection or httptest server takes it before the
+// service binds it.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := ports.Free()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // The start-up summary names every setting and shows no secret.
