@@ -35,9 +35,13 @@ const (
 // that versionTable does not record yet. It is safe to call from several
 // processes at once: the second waits for the first, trying the lock each
 // second, for up to an hour or until ctx ends, and then finds nothing to
-// do.
+// do. It connects with pool's connection settings, on connections of its
+// own (the pool's AfterConnect and other hooks do not run on them).
 func Up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, versionTable string) error {
-	db := stdlib.OpenDBFromPool(pool)
+	// Connections of its own, closed after, rather than the pool's: a
+	// migration's SET (search_path, a timeout) would otherwise stay on a
+	// connection the application then gets back.
+	db := stdlib.OpenDB(*pool.Config().ConnConfig.Copy())
 	defer db.Close()
 	locker, err := lock.NewPostgresSessionLocker(
 		lock.WithLockTimeout(uint64(lockPoll/time.Second), uint64(lockWait/lockPoll)))

@@ -10,6 +10,7 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/effectively-once/payments-cashback/internal/testenv"
@@ -129,4 +130,41 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// A migration's session settings stay with the migration: Up runs on
+// connections of its own, so the application's pool never gets back a
+// connection whose search_path or timeouts a migration changed.
+func TestAMigrationsSessionSettingsDoNotReachThePool(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	var before string
+	if err := pool.QueryRow(ctx, `SHOW statement_timeout`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	sets := fstest.MapFS{"00001_sets.sql": {Data: []byte("-- +goose Up\nSET statement_timeout = '1234ms';\nCREATE TABLE t (x int);\n-- +goose Down\nDROP TABLE t;\n")}}
+	if err := migrate.Up(ctx, pool, sets, "test_versions"); err != nil {
+		t.Fatal(err)
+	}
+	// Every connection the pool holds, not only the next one.
+	conns := make([]*pgxpool.Conn, 0, pool.Stat().TotalConns())
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range pool.Stat().TotalConns() {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		var got string
+		if err := c.QueryRow(ctx, `SHOW statement_timeout`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != before {
+			t.Errorf("a pool connection's statement_timeout is %s after Up, want %s as before", got, before)
+		}
+	}
 }
