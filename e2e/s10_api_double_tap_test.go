@@ -25,7 +25,13 @@ type stripeRequest struct {
 	Method, Path, IdempotencyKey string
 }
 
-func newStripeRecorder(t *testing.T, target string) (*stripeRecorder, *httptest.Server) {
+// newStripeRecorder puts a recording proxy in front of the stack's Stripe
+// (stripe-mock) and returns it with the recorder.
+func newStripeRecorder(t *testing.T) (*stripeRecorder, *httptest.Server) {
+	target := s.env["STRIPE_URL"]
+	if target == "" {
+		target = "http://127.0.0.1:12111"
+	}
 	u, err := url.Parse(target)
 	if err != nil {
 		t.Fatal(err)
@@ -64,11 +70,7 @@ func (r *stripeRecorder) charges() map[string]int {
 // cart (documented).
 func TestTwentyConcurrentRequestsWithOneIdempotencyKeyMakeOnePaymentOneChargeOneEvent(t *testing.T) {
 	local(t)
-	target := s.env["STRIPE_URL"]
-	if target == "" {
-		target = "http://127.0.0.1:12111"
-	}
-	rec, proxy := newStripeRecorder(t, target)
+	rec, proxy := newStripeRecorder(t)
 	restartWith(t, "payments", "STRIPE_URL="+proxy.URL)
 
 	user := id("u_e2e10")

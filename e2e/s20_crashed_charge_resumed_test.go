@@ -23,11 +23,7 @@ import (
 // and the resumed one, went under that one key: the card is charged once.
 func TestAChargeCrashedBeforeItsCommitIsRecordedWithoutAClientRetryAndCreditedOnce(t *testing.T) {
 	l := local(t)
-	target := s.env["STRIPE_URL"]
-	if target == "" {
-		target = "http://127.0.0.1:12111"
-	}
-	rec, proxy := newStripeRecorder(t, target)
+	rec, proxy := newStripeRecorder(t)
 	lease := []string{"IDEMPOTENCY_LOCK_TIMEOUT=2s", "STRIPE_TIMEOUT=1s", "STRIPE_URL=" + proxy.URL}
 	user := id("u_e2e20")
 	restartWith(t, "payments", append(lease, "FAILPOINTS=after-charge-before-commit="+user)...)
