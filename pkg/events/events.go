@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -441,6 +442,7 @@ func (e Envelope) Validate() error {
 // or "": it stores no \u0000 and no UTF-16 surrogate that is not half of
 // a pair.
 func jsonbRefuses(p []byte) string {
+	low := func(r rune) bool { return r >= 0xDC00 && r <= 0xDFFF }
 	for i := 0; i < len(p); i++ {
 		j := bytes.IndexByte(p[i:], '\\')
 		if j < 0 {
@@ -455,13 +457,10 @@ func jsonbRefuses(p []byte) string {
 		switch {
 		case r == 0:
 			return "holds \\u0000, which PostgreSQL cannot store in jsonb"
-		case r >= 0xDC00 && r <= 0xDFFF:
+		case low(r):
 			return "holds a UTF-16 low surrogate with no high one before it, which PostgreSQL cannot store in jsonb"
 		case r >= 0xD800 && r <= 0xDBFF:
-			if i+6 >= len(p) || p[i+1] != '\\' || p[i+2] != 'u' {
-				return "holds a UTF-16 high surrogate with no low one after it, which PostgreSQL cannot store in jsonb"
-			}
-			if lo := hex4(p[i+3:]); lo < 0xDC00 || lo > 0xDFFF {
+			if i+6 >= len(p) || p[i+1] != '\\' || p[i+2] != 'u' || !low(hex4(p[i+3:])) {
 				return "holds a UTF-16 high surrogate with no low one after it, which PostgreSQL cannot store in jsonb"
 			}
 			i += 6
@@ -473,18 +472,9 @@ func jsonbRefuses(p []byte) string {
 // hex4 is the value of the four hex digits that begin b (valid JSON has
 // them after every \u).
 func hex4(b []byte) rune {
-	var r rune
-	for _, c := range b[:4] {
-		switch {
-		case c >= '0' && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		default:
-			r = r<<4 | rune(c-'A'+10)
-		}
-	}
-	return r
+	var d [2]byte
+	_, _ = hex.Decode(d[:], b[:4])
+	return rune(d[0])<<8 | rune(d[1])
 }
 
 // strictRFC3339 reports whether s, which time.Parse took as RFC 3339, has
