@@ -91,16 +91,14 @@ type ProcessorConfig struct {
 	// workers would use up. Give the processor a pool of its own (Workers
 	// connections and one for the claim) to keep the two apart.
 	Pool *pgxpool.Pool
-	// Committed, when set, is notified after each batch commits, so a
-	// worker that acts on what the handlers wrote (notifications' SMS
-	// sender) starts at once rather than at its next poll.
-	Committed *worker.Signal
-	// AfterCommit, when set, is called after each batch commits with the
-	// ids of the rows it applied (their handlers returned nil), on the
-	// worker's goroutine: keep it short. For what must follow the commit,
-	// never precede it, such as a latency measured to the effect's
-	// commit. A crash between the commit and the call loses the call, not
-	// the effects.
+	// AfterCommit, when set, is called after each batch that applied rows
+	// commits, with the ids of those rows (their handlers returned nil), on
+	// the worker's goroutine: keep it short. For what must follow the
+	// commit, never precede it: waking a worker that acts on what the
+	// handlers wrote (notifications' SMS sender, through a worker.Signal)
+	// rather than leaving it to its next poll, or a latency measured to the
+	// effect's commit. A crash between the commit and the call loses the
+	// call, not the effects.
 	AfterCommit func(applied []uuid.UUID)
 	// Logger [the Inbox's].
 	Logger *slog.Logger
@@ -574,9 +572,6 @@ func (p *Processor) apply(ctx context.Context, claimed []claimedRow) error {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("idempotent: inbox %s: commit: %w", p.in.consumer, err)
-	}
-	if p.cfg.Committed != nil {
-		p.cfg.Committed.Notify()
 	}
 	if p.cfg.AfterCommit != nil {
 		ids := make([]uuid.UUID, 0, len(results))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectively-once/payments-cashback/pkg/idempotent"
@@ -241,7 +242,8 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, client *sqs.Client
 		pc.BatchSize = cfg.ProcessorBatchSize
 	}
 	pc.Logger = log
-	pc.Committed = &committed
+	// A batch that applied rows may have recorded SMS intents to send.
+	pc.AfterCommit = func([]uuid.UUID) { committed.Notify() }
 	var procPool *pgxpool.Pool
 	if pc.Pool == nil {
 		// The processor's workers each hold a connection for a whole batch;
